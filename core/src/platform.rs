@@ -1,0 +1,188 @@
+//! The platform traits: the only door between the core and the world.
+//!
+//! A platform supplies register access, DMA-able memory, resolution of user memory to
+//! device addresses, and the out-of-band transport. Time is not a trait: it is an argument
+//! of every `poll(now)`.
+
+use core::fmt;
+use core::net::Ipv4Addr;
+use core::ptr::NonNull;
+
+use crate::addr::{DeviceAddr, PageSize, VirtAddr};
+use crate::oob::RecvWr;
+use crate::regs::Reg;
+
+/// What a platform operation can fail with. Small and `Copy` so it travels through the
+/// no_std core without allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformError {
+    /// No DMA memory (or no table slot) left of the requested size and alignment.
+    OutOfMemory {
+        /// Bytes requested.
+        requested: usize,
+    },
+    /// The operation needs a privilege the process lacks (e.g. CAP_SYS_ADMIN for PFNs).
+    NotPermitted,
+    /// An address in the range is not mapped (or its frame reads as 0).
+    NotMapped {
+        /// The first unmapped address.
+        va: VirtAddr,
+    },
+    /// The range cannot be pinned (mlock limit, not resident).
+    PinFailed {
+        /// The first address that failed.
+        va: VirtAddr,
+    },
+    /// The peer of an out-of-band connection is unreachable or the connection broke.
+    Disconnected {
+        /// The peer's IP address.
+        peer: Ipv4Addr,
+    },
+    /// The transport cannot take more right now; try again after `poll`.
+    WouldBlock,
+    /// The platform does not implement this operation.
+    Unsupported,
+    /// An operating-system error code.
+    Os(i32),
+}
+
+impl fmt::Display for PlatformError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlatformError::OutOfMemory { requested } => {
+                write!(f, "out of DMA memory ({requested} bytes requested)")
+            }
+            PlatformError::NotPermitted => f.write_str("operation not permitted"),
+            PlatformError::NotMapped { va } => write!(f, "address {:#x} is not mapped", va.0),
+            PlatformError::PinFailed { va } => write!(f, "cannot pin memory at {:#x}", va.0),
+            PlatformError::Disconnected { peer } => write!(f, "connection to {peer} lost"),
+            PlatformError::WouldBlock => f.write_str("transport busy, try again"),
+            PlatformError::Unsupported => f.write_str("not supported by this platform"),
+            PlatformError::Os(e) => write!(f, "OS error {e}"),
+        }
+    }
+}
+
+/// 32-bit register access at a BAR0 offset.
+///
+/// Only decoded registers can be named ([`Reg`]), so an implementation never has to guard
+/// against undecoded addresses coming from the core.
+pub trait RegisterAccess {
+    /// Reads the register.
+    fn read32(&self, reg: Reg) -> u32;
+    /// Writes the register. Implementations must not reorder this write before memory
+    /// writes that precede it in program order (the core issues a `fence(Release)` first;
+    /// MMIO platforms add whatever their architecture needs beyond that).
+    fn write32(&self, reg: Reg, value: u32);
+}
+
+/// A DMA buffer: the CPU pointer and the device address of the same bytes.
+#[derive(Debug)]
+pub struct DmaBuffer {
+    cpu: NonNull<u8>,
+    dev: DeviceAddr,
+    len: usize,
+}
+
+impl DmaBuffer {
+    /// Describes a buffer.
+    ///
+    /// # Safety
+    /// `cpu` must be valid for reads and writes of `len` bytes, and the device must reach
+    /// the same bytes at `dev .. dev + len`, until the buffer is freed by its allocator.
+    pub const unsafe fn new(cpu: NonNull<u8>, dev: DeviceAddr, len: usize) -> Self {
+        Self { cpu, dev, len }
+    }
+    /// CPU pointer to the first byte.
+    pub const fn cpu(&self) -> NonNull<u8> {
+        self.cpu
+    }
+    /// Device address of the first byte.
+    pub const fn device_addr(&self) -> DeviceAddr {
+        self.dev
+    }
+    /// Length in bytes.
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the buffer is empty.
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+// SAFETY: a DmaBuffer is a description of memory owned by the allocator, not a borrow of
+// thread-local data; moving the description to another thread is sound. Access to the
+// bytes is governed by whoever holds the buffer.
+unsafe impl Send for DmaBuffer {}
+
+/// Allocation of memory the card can reach by DMA.
+///
+/// # Implementation safety
+/// `alloc` must return zeroed memory, aligned to at least `align` both as a CPU pointer and
+/// as a device address, valid for reads and writes of `len` bytes until passed to `free`,
+/// and reachable by the device at the returned device address for the same duration. Two
+/// live buffers must not overlap.
+pub unsafe trait DmaAllocator {
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two).
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, PlatformError>;
+    /// Returns a buffer.
+    ///
+    /// # Safety
+    /// `buf` came from this allocator's `alloc` and no pointer into it is used afterwards.
+    unsafe fn free(&self, buf: DmaBuffer);
+}
+
+/// Resolution of user memory (an MR) to device addresses, with pinning.
+pub trait MemoryResolver {
+    /// Pins `[va, va + len)` so that its frames cannot move while registered.
+    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError>;
+    /// Undoes [`MemoryResolver::pin`] for the same range.
+    fn unpin(&mut self, va: VirtAddr, len: usize);
+    /// Writes the device address of `out.len()` consecutive pages of size `page` into `out`,
+    /// starting with the page that contains `va`. Each entry is a page base (low bits zero),
+    /// also when `va` is not page aligned.
+    fn translate(
+        &mut self,
+        va: VirtAddr,
+        page: PageSize,
+        out: &mut [DeviceAddr],
+    ) -> Result<(), PlatformError>;
+}
+
+/// Something that arrived on the out-of-band channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OobEvent {
+    /// A receive WR announced by the driver at `from`.
+    RecvWr {
+        /// IP address of the announcing device (the connection's source).
+        from: Ipv4Addr,
+        /// The announced receive WR.
+        wr: RecvWr,
+    },
+    /// The connection to `peer` broke; QPs that depend on it must go to the error state.
+    PeerLost {
+        /// The peer's IP address.
+        peer: Ipv4Addr,
+    },
+}
+
+/// The out-of-band channel that carries receive WRs between drivers (oob-channel.md).
+pub trait OobTransport {
+    /// Queues `wr` for the device at `peer`. May return [`PlatformError::WouldBlock`].
+    fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError>;
+    /// Takes the next event, if any. Never blocks.
+    fn poll(&mut self) -> Option<OobEvent>;
+}
+
+/// A bundle of the four platform services, so the engine has one type parameter.
+pub trait Platform {
+    /// Register access.
+    type Regs: RegisterAccess;
+    /// DMA memory.
+    type Dma: DmaAllocator;
+    /// User-memory resolution and pinning.
+    type Mem: MemoryResolver;
+    /// The out-of-band transport.
+    type Oob: OobTransport;
+}
