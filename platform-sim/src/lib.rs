@@ -1,6 +1,12 @@
-//! The emulated blue-rdma NIC (issue B fills this in): a behavioural model of the card that
-//! honours the same hardware contract as the real one, and the adapters that attach the
-//! driver to it in-process or over the RTL simulator's socket protocol.
+//! The emulated blue-rdma NIC: a behavioural model of the card that honours the same
+//! hardware contract as the real one (`shared/spec/nic-behaviour.md`,
+//! `shared/spec/hardware-contract.md`), the link that carries its Ethernet frames, and the
+//! two ways to attach a driver to it: in-process (device addresses are the process's own)
+//! and the RTL simulator's socket protocol (`shared/spec/rtl-sim-protocol.md`).
 #![deny(missing_docs)]
 
 pub use bluerdma_core as core;
+
+pub mod link;
+pub mod mem;
+pub mod rtl;

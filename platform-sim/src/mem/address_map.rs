@@ -1,0 +1,171 @@
+//! The map of host memory the card may reach, keyed by device address.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use bluerdma_core::addr::DeviceAddr;
+
+use super::DmaPort;
+
+/// A DMA access that fell outside every region the driver handed to the card.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaFault {
+    /// The device address of the access.
+    pub addr: DeviceAddr,
+    /// Its length in bytes.
+    pub len: usize,
+    /// Whether it was a write.
+    pub is_write: bool,
+}
+
+impl fmt::Display for DmaFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DMA {} of {} bytes at {:#x} outside every mapped region",
+            if self.is_write { "write" } else { "read" },
+            self.len,
+            self.addr.0
+        )
+    }
+}
+
+impl std::error::Error for DmaFault {}
+
+/// One mapped region: `len` bytes at device address `dev`, reachable by the CPU at `cpu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    /// Device address of the first byte.
+    pub dev: u64,
+    /// CPU address of the first byte.
+    pub cpu: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// The regions of host memory the card may reach. Cloning shares the map.
+#[derive(Clone, Default)]
+pub struct AddressMap {
+    regions: Arc<RwLock<BTreeMap<u64, Region>>>,
+}
+
+impl fmt::Debug for AddressMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.regions.read().map(|r| r.len()).unwrap_or(0);
+        write!(f, "AddressMap({n} regions)")
+    }
+}
+
+impl AddressMap {
+    /// An empty map.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Maps `len` bytes at device address `dev` to CPU address `cpu`.
+    ///
+    /// # Safety
+    /// `cpu .. cpu + len` must stay valid for reads and writes (from any thread) until
+    /// [`AddressMap::remove`] is called for `dev`; the card may access it at any time.
+    pub unsafe fn insert(&self, dev: DeviceAddr, cpu: *mut u8, len: usize) {
+        let region = Region {
+            dev: dev.0,
+            cpu: cpu as usize,
+            len,
+        };
+        if let Ok(mut map) = self.regions.write() {
+            map.insert(dev.0, region);
+        }
+    }
+
+    /// Unmaps the region that starts at `dev`; returns it if there was one.
+    pub fn remove(&self, dev: DeviceAddr) -> Option<Region> {
+        self.regions.write().ok()?.remove(&dev.0)
+    }
+
+    /// The region that contains all of `[addr, addr + len)`, if any.
+    pub fn lookup(&self, addr: DeviceAddr, len: usize) -> Option<Region> {
+        let map = self.regions.read().ok()?;
+        Self::find(&map, addr, len)
+    }
+
+    fn find(map: &BTreeMap<u64, Region>, addr: DeviceAddr, len: usize) -> Option<Region> {
+        let (_, r) = map.range(..=addr.0).next_back()?;
+        let end = addr.0.checked_add(len as u64)?;
+        (end <= r.dev + r.len as u64).then_some(*r)
+    }
+
+    /// Runs `f` with the CPU address of device address `addr`, holding the map so that the
+    /// region cannot be removed meanwhile.
+    fn with_cpu(
+        &self,
+        addr: DeviceAddr,
+        len: usize,
+        is_write: bool,
+        f: impl FnOnce(usize),
+    ) -> Result<(), DmaFault> {
+        let fault = DmaFault {
+            addr,
+            len,
+            is_write,
+        };
+        let map = self.regions.read().map_err(|_| fault)?;
+        let r = Self::find(&map, addr, len).ok_or(fault)?;
+        f(r.cpu + (addr.0 - r.dev) as usize);
+        Ok(())
+    }
+
+    /// Copies `buf.len()` bytes from device address `addr`.
+    pub fn read(&self, addr: DeviceAddr, buf: &mut [u8]) -> Result<(), DmaFault> {
+        self.with_cpu(addr, buf.len(), false, |src| {
+            // SAFETY: `with_cpu` proved the range lies inside a region whose owner promised
+            // (at `insert`) that it stays valid until removed, and holds the map so it cannot
+            // be removed during the copy. Card and driver may touch the bytes concurrently,
+            // as with real DMA; they are plain data.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, buf.as_mut_ptr(), buf.len()) }
+        })
+    }
+
+    /// Copies `data` to device address `addr`.
+    pub fn write(&self, addr: DeviceAddr, data: &[u8]) -> Result<(), DmaFault> {
+        self.with_cpu(addr, data.len(), true, |dst| {
+            // SAFETY: as in `read`: the range is inside a live region valid for writes.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) }
+        })
+    }
+}
+
+impl DmaPort for AddressMap {
+    fn read(&mut self, addr: DeviceAddr, buf: &mut [u8]) -> Result<(), DmaFault> {
+        AddressMap::read(self, addr, buf)
+    }
+    fn write(&mut self, addr: DeviceAddr, data: &[u8]) -> Result<(), DmaFault> {
+        AddressMap::write(self, addr, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accesses_outside_regions_fault_instead_of_crashing() {
+        let map = AddressMap::new();
+        let mut backing = vec![0u8; 64];
+        // SAFETY: `backing` outlives every access below and is removed before it drops.
+        unsafe { map.insert(DeviceAddr(0x1000), backing.as_mut_ptr(), backing.len()) };
+        map.write(DeviceAddr(0x1010), &[1, 2, 3]).unwrap();
+        let mut out = [0u8; 3];
+        map.read(DeviceAddr(0x1010), &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3]);
+        let err = map.write(DeviceAddr(0x103F), &[0, 0]).unwrap_err();
+        assert_eq!(err.len, 2);
+        assert!(err.to_string().contains("0x103f"), "{err}");
+        assert!(map.read(DeviceAddr(0xFFF), &mut out).is_err());
+        assert!(map.read(DeviceAddr(u64::MAX), &mut out).is_err());
+        map.remove(DeviceAddr(0x1000));
+        assert!(map.read(DeviceAddr(0x1010), &mut out).is_err());
+        assert_eq!(&backing[0x10..0x13], &[1, 2, 3]);
+    }
+}
