@@ -9,4 +9,5 @@ pub use bluerdma_core as core;
 
 pub mod link;
 pub mod mem;
+pub mod model;
 pub mod rtl;

@@ -1,0 +1,5 @@
+//! The behavioural model of the card.
+
+pub mod autoack;
+pub mod regs;
+pub mod tables;

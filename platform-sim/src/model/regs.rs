@@ -1,0 +1,207 @@
+//! The card's register file: ring registers and read-only counters, shared between the
+//! driver (in-process: direct calls; RTL protocol: the CSR server) and the model thread.
+//!
+//! Decoding follows the RTL (hardware-contract.md corrections 2 and 3): one channel, 16-bit
+//! address truncation, counters read-only. Anything else is rejected loudly: an error for
+//! the caller, a counter, and a log line.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use bluerdma_core::regs::{
+    Counter, Direction, Reg, RegKind, RingId, RingReg, UndecodedAccess, DECODED_CHANNELS,
+};
+
+/// Index of a ring's registers in the file.
+pub fn ring_slot(id: RingId) -> usize {
+    match id {
+        RingId::CmdRequest => 0,
+        RingId::CmdResponse => 1,
+        RingId::Send(_) => 2,
+        RingId::MetaReport(_) => 3,
+        RingId::SimpleNicTx => 4,
+        RingId::SimpleNicRx => 5,
+    }
+}
+
+fn counter_slot(c: Counter) -> usize {
+    Counter::ALL.iter().position(|x| *x == c).unwrap_or(0)
+}
+
+/// The register file of one card.
+pub struct RegisterFile {
+    rings: [[AtomicU32; 4]; 6],
+    counters: [AtomicU32; Counter::ALL.len()],
+    undecoded: AtomicU64,
+    last_undecoded: Mutex<Option<UndecodedAccess>>,
+    sleeping: AtomicBool,
+    wake_lock: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Default for RegisterFile {
+    fn default() -> Self {
+        Self {
+            rings: Default::default(),
+            counters: Default::default(),
+            undecoded: AtomicU64::new(0),
+            last_undecoded: Mutex::new(None),
+            sleeping: AtomicBool::new(false),
+            wake_lock: Mutex::new(false),
+            wake: Condvar::new(),
+        }
+    }
+}
+
+impl RegisterFile {
+    /// A zeroed register file.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn reject(&self, offset: u32, is_write: bool) -> UndecodedAccess {
+        let e = UndecodedAccess { offset, is_write };
+        self.undecoded.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut last) = self.last_undecoded.lock() {
+            *last = Some(e);
+        }
+        log::error!(
+            "emulated NIC: undecoded register {} at {offset:#x} (the RTL simulation would end here)",
+            if is_write { "write" } else { "read" }
+        );
+        e
+    }
+
+    /// A host read of the register at byte `offset`.
+    pub fn read(&self, offset: u32) -> Result<u32, UndecodedAccess> {
+        match Reg::decode(offset, DECODED_CHANNELS).map(Reg::kind) {
+            Some(RegKind::Ring(id, r)) => {
+                Ok(self.rings[ring_slot(id)][r as usize / 4].load(Ordering::Acquire))
+            }
+            Some(RegKind::Counter(c)) => Ok(self.counters[counter_slot(c)].load(Ordering::Relaxed)),
+            None => Err(self.reject(offset, false)),
+        }
+    }
+
+    /// A host write of the register at byte `offset`. Head and tail keep their low 13 bits,
+    /// as the RTL's CSR does. A write that frees or fills a ring wakes the model.
+    pub fn write(&self, offset: u32, value: u32) -> Result<(), UndecodedAccess> {
+        match Reg::decode(offset, DECODED_CHANNELS).map(Reg::kind) {
+            Some(RegKind::Ring(id, r)) => {
+                let v = match r {
+                    RingReg::Head | RingReg::Tail => value & 0x1FFF,
+                    RingReg::BaseLo | RingReg::BaseHi => value,
+                };
+                self.rings[ring_slot(id)][r as usize / 4].store(v, Ordering::Release);
+                let doorbell = matches!(
+                    (id.direction(), r),
+                    (Direction::HostToCard, RingReg::Head) | (Direction::CardToHost, RingReg::Tail)
+                );
+                if doorbell {
+                    self.wake_model();
+                }
+                Ok(())
+            }
+            // Counters are read-only: a write is undecoded in the RTL.
+            Some(RegKind::Counter(_)) | None => Err(self.reject(offset, true)),
+        }
+    }
+
+    /// The model's view of a ring register.
+    pub fn ring(&self, id: RingId, r: RingReg) -> u32 {
+        self.rings[ring_slot(id)][r as usize / 4].load(Ordering::Acquire)
+    }
+
+    /// The model updates a ring register it owns (tail of host-to-card, head of card-to-host).
+    pub fn set_ring(&self, id: RingId, r: RingReg, value: u32) {
+        self.rings[ring_slot(id)][r as usize / 4].store(value & 0x1FFF, Ordering::Release);
+    }
+
+    /// A ring's base address as programmed by the driver.
+    pub fn ring_base(&self, id: RingId) -> u64 {
+        (self.ring(id, RingReg::BaseHi) as u64) << 32 | self.ring(id, RingReg::BaseLo) as u64
+    }
+
+    /// Adds one to a counter.
+    pub fn bump(&self, c: Counter) {
+        self.counters[counter_slot(c)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A counter's value.
+    pub fn counter(&self, c: Counter) -> u32 {
+        self.counters[counter_slot(c)].load(Ordering::Relaxed)
+    }
+
+    /// How many undecoded accesses were rejected, and the last one.
+    pub fn undecoded(&self) -> (u64, Option<UndecodedAccess>) {
+        let last = self.last_undecoded.lock().ok().and_then(|g| *g);
+        (self.undecoded.load(Ordering::Relaxed), last)
+    }
+
+    /// Wakes the model thread if it sleeps.
+    pub fn wake_model(&self) {
+        if self.sleeping.load(Ordering::Acquire) {
+            if let Ok(mut pending) = self.wake_lock.lock() {
+                *pending = true;
+                self.wake.notify_one();
+            }
+        }
+    }
+
+    /// The model thread sleeps until a doorbell or `timeout`.
+    pub fn sleep(&self, timeout: Duration) {
+        let Ok(mut pending) = self.wake_lock.lock() else {
+            return;
+        };
+        self.sleeping.store(true, Ordering::Release);
+        if !*pending {
+            pending = match self.wake.wait_timeout(pending, timeout) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        *pending = false;
+        self.sleeping.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn undecoded_accesses_are_rejected_and_counted() {
+        let f = RegisterFile::new();
+        assert!(
+            f.write(0x180, 1).is_err(),
+            "debug loopback register does not exist"
+        );
+        assert!(f.read(0x048).is_err(), "channel 1 is not decoded");
+        assert!(f.write(0x400, 5).is_err(), "counters are read-only");
+        let (n, last) = f.undecoded();
+        assert_eq!(n, 3);
+        assert_eq!(
+            last,
+            Some(UndecodedAccess {
+                offset: 0x400,
+                is_write: true
+            })
+        );
+    }
+
+    #[test]
+    fn head_and_tail_keep_thirteen_bits_and_alias_at_64k() {
+        let f = RegisterFile::new();
+        f.write(0x108, 0xFFFF_FFFF).unwrap();
+        assert_eq!(f.read(0x108).unwrap(), 0x1FFF);
+        f.write(0x1_0000, 0x1234_5678).unwrap();
+        assert_eq!(
+            f.read(0x000).unwrap(),
+            0x1234_5678,
+            "0x10000 aliases send base low"
+        );
+        f.write(0x004, 0x1).unwrap();
+        assert_eq!(f.ring_base(RingId::Send(0)), 0x1_1234_5678);
+    }
+}
