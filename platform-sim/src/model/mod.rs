@@ -2,4 +2,5 @@
 
 pub mod autoack;
 pub mod regs;
+pub mod rings;
 pub mod tables;
