@@ -45,14 +45,28 @@ pub struct Region {
 }
 
 /// The regions of host memory the card may reach. Cloning shares the map.
+///
+/// Regions may overlap (an application may register the same buffer twice); an access is
+/// allowed when one region covers all of it.
 #[derive(Clone, Default)]
 pub struct AddressMap {
-    regions: Arc<RwLock<BTreeMap<u64, Region>>>,
+    inner: Arc<RwLock<Regions>>,
+}
+
+#[derive(Default)]
+struct Regions {
+    by_start: BTreeMap<u64, Vec<Region>>,
+    /// The longest region ever mapped: bounds the backward search of a lookup.
+    max_len: u64,
 }
 
 impl fmt::Debug for AddressMap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.regions.read().map(|r| r.len()).unwrap_or(0);
+        let n = self
+            .inner
+            .read()
+            .map(|r| r.by_start.values().map(Vec::len).sum::<usize>())
+            .unwrap_or(0);
         write!(f, "AddressMap({n} regions)")
     }
 }
@@ -74,26 +88,38 @@ impl AddressMap {
             cpu: cpu as usize,
             len,
         };
-        if let Ok(mut map) = self.regions.write() {
-            map.insert(dev.0, region);
+        if let Ok(mut map) = self.inner.write() {
+            map.max_len = map.max_len.max(len as u64);
+            map.by_start.entry(dev.0).or_default().push(region);
         }
     }
 
-    /// Unmaps the region that starts at `dev`; returns it if there was one.
+    /// Unmaps the most recently mapped region that starts at `dev`; returns it if there was one.
     pub fn remove(&self, dev: DeviceAddr) -> Option<Region> {
-        self.regions.write().ok()?.remove(&dev.0)
+        let mut map = self.inner.write().ok()?;
+        let list = map.by_start.get_mut(&dev.0)?;
+        let r = list.pop();
+        if list.is_empty() {
+            map.by_start.remove(&dev.0);
+        }
+        r
     }
 
     /// The region that contains all of `[addr, addr + len)`, if any.
     pub fn lookup(&self, addr: DeviceAddr, len: usize) -> Option<Region> {
-        let map = self.regions.read().ok()?;
+        let map = self.inner.read().ok()?;
         Self::find(&map, addr, len)
     }
 
-    fn find(map: &BTreeMap<u64, Region>, addr: DeviceAddr, len: usize) -> Option<Region> {
-        let (_, r) = map.range(..=addr.0).next_back()?;
+    fn find(map: &Regions, addr: DeviceAddr, len: usize) -> Option<Region> {
         let end = addr.0.checked_add(len as u64)?;
-        (end <= r.dev + r.len as u64).then_some(*r)
+        let lowest = addr.0.saturating_sub(map.max_len);
+        map.by_start
+            .range(lowest..=addr.0)
+            .rev()
+            .flat_map(|(_, list)| list.iter())
+            .find(|r| end <= r.dev + r.len as u64)
+            .copied()
     }
 
     /// Runs `f` with the CPU address of device address `addr`, holding the map so that the
@@ -110,7 +136,7 @@ impl AddressMap {
             len,
             is_write,
         };
-        let map = self.regions.read().map_err(|_| fault)?;
+        let map = self.inner.read().map_err(|_| fault)?;
         let r = Self::find(&map, addr, len).ok_or(fault)?;
         f(r.cpu + (addr.0 - r.dev) as usize);
         Ok(())
@@ -167,5 +193,26 @@ mod tests {
         map.remove(DeviceAddr(0x1000));
         assert!(map.read(DeviceAddr(0x1010), &mut out).is_err());
         assert_eq!(&backing[0x10..0x13], &[1, 2, 3]);
+    }
+
+    #[test]
+    fn overlapping_regions_each_cover_their_range() {
+        let map = AddressMap::new();
+        let mut big = vec![0u8; 0x1000];
+        let p = big.as_mut_ptr();
+        // SAFETY: `big` outlives the map's use in this test; the regions lie inside it.
+        unsafe {
+            map.insert(DeviceAddr(0x10_000), p, 0x1000);
+            map.insert(DeviceAddr(0x10_100), p.add(0x100), 0x10);
+            map.insert(DeviceAddr(0x10_100), p.add(0x100), 0x20);
+        }
+        // Covered by the big region although a smaller one starts closer.
+        map.write(DeviceAddr(0x10_100), &[7u8; 0x200]).unwrap();
+        map.remove(DeviceAddr(0x10_000));
+        assert!(map.write(DeviceAddr(0x10_100), &[1u8; 0x20]).is_ok());
+        map.remove(DeviceAddr(0x10_100));
+        assert!(map.write(DeviceAddr(0x10_100), &[1u8; 0x20]).is_err());
+        assert!(map.write(DeviceAddr(0x10_100), &[1u8; 0x10]).is_ok());
+        drop(big);
     }
 }

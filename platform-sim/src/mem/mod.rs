@@ -7,8 +7,10 @@
 //! not a crash. Over the RTL protocol the same map translates the simulator's DMA requests.
 
 mod address_map;
+mod host;
 
 pub use address_map::{AddressMap, DmaFault, Region};
+pub use host::{device_addr_of, HostDma, HostMemory, DEVICE_OFFSET};
 
 use bluerdma_core::addr::DeviceAddr;
 

@@ -1,0 +1,159 @@
+//! The driver's memory services when the card is emulated (in-process or over the RTL
+//! protocol): DMA buffers from the process heap and user-memory "pinning" that enters the
+//! range into the card's [`AddressMap`].
+//!
+//! Device addresses are the process's virtual addresses plus [`DEVICE_OFFSET`], so that
+//! a device address is never numerically equal to the virtual address of the same byte:
+//! a driver that passes one where the other belongs reads or writes the wrong place and
+//! the tests see it, as they would on real hardware.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
+use bluerdma_core::platform::{DmaAllocator, DmaBuffer, MemoryResolver, PlatformError};
+
+use super::AddressMap;
+
+/// Distance between a byte's virtual address and its emulated device address (2^46: user
+/// addresses stay below 2^47, device addresses below 2^48, the card's address width).
+pub const DEVICE_OFFSET: u64 = 1 << 46;
+
+/// The emulated device address of virtual address `va`.
+pub fn device_addr_of(va: u64) -> DeviceAddr {
+    DeviceAddr(va + DEVICE_OFFSET)
+}
+
+/// DMA buffers from the heap, entered into the card's address map.
+pub struct HostDma {
+    map: AddressMap,
+    layouts: Mutex<HashMap<usize, Layout>>,
+}
+
+impl HostDma {
+    /// An allocator whose buffers the card reaches through `map`.
+    pub fn new(map: AddressMap) -> Self {
+        Self {
+            map,
+            layouts: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+// SAFETY: `alloc` returns zeroed heap memory of the requested size and alignment (page
+// alignment at least, so device addresses share the alignment), valid until `free`, and
+// enters exactly that range into the card's map; `free` removes it before deallocating.
+unsafe impl DmaAllocator for HostDma {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, PlatformError> {
+        let oom = PlatformError::OutOfMemory { requested: len };
+        let layout = Layout::from_size_align(len.max(1), align.max(4096)).map_err(|_| oom)?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let cpu = NonNull::new(ptr).ok_or(oom)?;
+        let dev = device_addr_of(ptr as u64);
+        // SAFETY: the buffer stays allocated until `free`, which unmaps it first.
+        unsafe { self.map.insert(dev, ptr, len) };
+        self.layouts
+            .lock()
+            .map_err(|_| oom)?
+            .insert(ptr as usize, layout);
+        // SAFETY: `cpu` is valid for `len` bytes and the card reaches them at `dev`.
+        Ok(unsafe { DmaBuffer::new(cpu, dev, len) })
+    }
+
+    unsafe fn free(&self, buf: DmaBuffer) {
+        self.map.remove(buf.device_addr());
+        let ptr = buf.cpu().as_ptr();
+        let layout = self
+            .layouts
+            .lock()
+            .ok()
+            .and_then(|mut l| l.remove(&(ptr as usize)));
+        if let Some(layout) = layout {
+            // SAFETY: `ptr` was allocated by `alloc` with this layout and the caller
+            // promises it is no longer used.
+            unsafe { dealloc(ptr, layout) };
+        }
+    }
+}
+
+/// User memory for the emulated card: pinning enters the range into the card's map
+/// (nothing moves in an emulation), translation adds [`DEVICE_OFFSET`] to page bases.
+pub struct HostMemory {
+    map: AddressMap,
+}
+
+impl HostMemory {
+    /// A resolver whose ranges the card reaches through `map`.
+    pub fn new(map: AddressMap) -> Self {
+        Self { map }
+    }
+}
+
+impl MemoryResolver for HostMemory {
+    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError> {
+        if va
+            .0
+            .checked_add(len as u64)
+            .is_none_or(|end| end > DEVICE_OFFSET)
+        {
+            return Err(PlatformError::NotMapped { va });
+        }
+        // SAFETY: the driver pins only memory an application registered, which must stay
+        // valid while registered (the verbs contract); `unpin` unmaps it.
+        unsafe { self.map.insert(device_addr_of(va.0), va.0 as *mut u8, len) };
+        Ok(())
+    }
+
+    fn unpin(&mut self, va: VirtAddr, _len: usize) {
+        self.map.remove(device_addr_of(va.0));
+    }
+
+    fn translate(
+        &mut self,
+        va: VirtAddr,
+        page: PageSize,
+        out: &mut [DeviceAddr],
+    ) -> Result<(), PlatformError> {
+        let first = page.base_of(va.0);
+        for (i, slot) in out.iter_mut().enumerate() {
+            let page_va = first + i as u64 * page.bytes();
+            *slot = device_addr_of(page_va);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dma_buffers_are_zeroed_aligned_and_reachable() {
+        let map = AddressMap::new();
+        let dma = HostDma::new(map.clone());
+        let buf = dma.alloc(128 * 1024, 4096).unwrap();
+        assert_eq!(buf.device_addr().0 % 4096, 0);
+        assert_ne!(buf.device_addr().0, buf.cpu().as_ptr() as u64);
+        map.write(buf.device_addr(), &[0xAB; 4]).unwrap();
+        // SAFETY: the buffer is live and at least 4 bytes long.
+        let first = unsafe { std::slice::from_raw_parts(buf.cpu().as_ptr(), 8) };
+        assert_eq!(first, &[0xAB, 0xAB, 0xAB, 0xAB, 0, 0, 0, 0]);
+        let dev = buf.device_addr();
+        // SAFETY: no pointer into the buffer is used afterwards.
+        unsafe { dma.free(buf) };
+        assert!(map.read(dev, &mut [0u8; 1]).is_err());
+    }
+
+    #[test]
+    fn translation_gives_page_bases_for_unaligned_starts() {
+        let mut mem = HostMemory::new(AddressMap::new());
+        let mut out = [DeviceAddr(0); 3];
+        mem.translate(VirtAddr(0x7f00_0030_0040), PageSize::Size2M, &mut out)
+            .unwrap();
+        assert_eq!(out[0], device_addr_of(0x7f00_0020_0000));
+        assert_eq!(out[2].0 - out[0].0, 4 << 20);
+    }
+}
