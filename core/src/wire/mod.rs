@@ -123,8 +123,6 @@ pub enum LengthField {
     Ipv4TotalLength,
     /// The UDP length (bytes 38..39 of the frame).
     UdpLength,
-    /// The frame length itself (what the link delivered, or what the headers imply).
-    FrameLength,
     /// RETH.dlen of a packet that is not the first of its message: it must equal the
     /// payload length (nic-behaviour.md 1.3, 2.4).
     RethDmaLength,
@@ -135,7 +133,6 @@ impl fmt::Display for LengthField {
         f.write_str(match self {
             LengthField::Ipv4TotalLength => "IPv4 total length",
             LengthField::UdpLength => "UDP length",
-            LengthField::FrameLength => "frame length",
             LengthField::RethDmaLength => "RETH DMA length",
         })
     }
@@ -204,11 +201,12 @@ pub enum WireError {
     },
     /// Two statements of a length disagree.
     InconsistentLength {
-        /// The field that is wrong (or, for the frame, the actual length).
+        /// The length field that disagrees with the bytes actually present.
         field: LengthField,
         /// Its value.
         found: usize,
-        /// The value the rest of the frame calls for.
+        /// The value the frame's bytes call for (for a FIRST packet's RETH.dlen: the
+        /// payload length it must at least be).
         expected: usize,
     },
     /// The BTH opcode is not one this codec knows (not an RC opcode 0x00..=0x17).
