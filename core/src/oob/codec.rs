@@ -146,17 +146,14 @@ bitflags! {
     pub struct Capabilities: u32 {
         /// The sender announces receive WRs with the 32-byte record.
         const RECV_WR_RECORDS = 1 << 0;
-        /// The sender queues records for QPs that are not yet ready, instead of dropping
-        /// them (oob-channel.md "What we add").
-        const QUEUES_EARLY_RECORDS = 1 << 1;
-        // Bits 2..31 are reserved for later capabilities.
+        // Bits 1..31 are reserved for later capabilities (for example a longer, versioned
+        // record); a peer that does not know a bit ignores it.
     }
 }
 
 impl Capabilities {
     /// What this driver supports.
-    pub const OURS: Capabilities =
-        Capabilities::RECV_WR_RECORDS.union(Capabilities::QUEUES_EARLY_RECORDS);
+    pub const OURS: Capabilities = Capabilities::RECV_WR_RECORDS;
 }
 
 /// The first message on a connection.

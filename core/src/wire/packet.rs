@@ -282,8 +282,8 @@ impl PacketHeaders {
     }
 
     /// Writes the UDP payload: header area, filler (zero) and `payload`. Returns its
-    /// length. Fails, having written nothing useful, if the headers do not match the
-    /// opcode, the payload does not match the headers, or `out` is too short.
+    /// length. Fails if the headers do not match the opcode, the payload does not match
+    /// the headers, a field does not fit or `out` is too short; `out` then holds no frame.
     pub fn emit_udp_payload(&self, payload: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
         self.check_headers()?;
         self.check_payload(payload.len())?;
