@@ -1,6 +1,12 @@
-//! The out-of-band channel's codec (oob-channel.md): the hello and the 32-byte receive-WR
-//! record. The transport itself belongs to the platform.
+//! The out-of-band channel's codec (oob-channel.md): the hello, the 32-byte receive-WR
+//! record and a streaming decoder for the TCP byte stream. The transport itself belongs to
+//! the platform ([`crate::platform::OobTransport`]).
 
 mod codec;
+mod decoder;
 
-pub use codec::*;
+pub use codec::{
+    Capabilities, Hello, OobError, OobMessageKind, RecvWr, HELLO_LEN, HELLO_MAGIC, MAX_QPN,
+    OOB_PROTOCOL_VERSION, RECV_WR_LEN,
+};
+pub use decoder::{OobDecoder, OobMessage};

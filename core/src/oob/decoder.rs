@@ -1,0 +1,268 @@
+//! A streaming decoder for the out-of-band TCP byte stream (oob-channel.md): the hello,
+//! then receive-WR records, split across reads in any way.
+//!
+//! It owns a fixed 32-byte buffer (the longest message) and never allocates. Feed it every
+//! chunk a read returns:
+//!
+//! ```
+//! # use bluerdma_core::oob::{OobDecoder, OobMessage, OobError};
+//! # fn handle(_: OobMessage) {}
+//! # fn on_read(dec: &mut OobDecoder, chunk: &[u8]) -> Result<(), OobError> {
+//! let mut input = chunk;
+//! while let Some(msg) = dec.decode(&mut input)? {
+//!     handle(msg);
+//! }
+//! // `input` is empty here: a partial message waits in the decoder for the next chunk.
+//! # Ok(()) }
+//! ```
+//!
+//! After an error the decoder stays failed and returns the same error: the connection
+//! must be closed. A bad magic is reported as soon as the first differing byte arrives.
+
+use super::codec::{Hello, OobError, OobMessageKind, RecvWr, HELLO_LEN, RECV_WR_LEN};
+
+/// A decoded message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OobMessage {
+    /// The peer's hello (always the first message of a connection).
+    Hello(Hello),
+    /// An announced receive WR.
+    RecvWr(RecvWr),
+}
+
+/// Incremental decoder of one connection's byte stream.
+#[derive(Clone, Debug)]
+pub struct OobDecoder {
+    buf: [u8; RECV_WR_LEN],
+    filled: usize,
+    next: OobMessageKind,
+    failed: Option<OobError>,
+}
+
+impl Default for OobDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OobDecoder {
+    /// A decoder for a new connection: a hello first, then records.
+    pub const fn new() -> Self {
+        OobDecoder {
+            buf: [0; RECV_WR_LEN],
+            filled: 0,
+            next: OobMessageKind::Hello,
+            failed: None,
+        }
+    }
+
+    /// A decoder for a peer that sends no hello (the reference driver): records only.
+    pub const fn without_hello() -> Self {
+        OobDecoder {
+            buf: [0; RECV_WR_LEN],
+            filled: 0,
+            next: OobMessageKind::RecvWr,
+            failed: None,
+        }
+    }
+
+    /// The message the decoder is waiting for.
+    pub const fn expecting(&self) -> OobMessageKind {
+        self.next
+    }
+
+    /// Bytes of a partial message held back for the next call.
+    pub const fn buffered(&self) -> usize {
+        self.filled
+    }
+
+    /// The error the decoder failed with, if any.
+    pub const fn error(&self) -> Option<OobError> {
+        self.failed
+    }
+
+    const fn next_len(&self) -> usize {
+        match self.next {
+            OobMessageKind::Hello => HELLO_LEN,
+            OobMessageKind::RecvWr => RECV_WR_LEN,
+        }
+    }
+
+    /// Decodes the next message from `input`, advancing it past the bytes used.
+    /// `Ok(None)`: need more bytes (all of `input` was taken into the buffer).
+    pub fn decode(&mut self, input: &mut &[u8]) -> Result<Option<OobMessage>, OobError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let need = self.next_len();
+        let result = if self.filled == 0 && input.len() >= need {
+            // Fast path: the whole message is in `input`, decode it in place.
+            let (msg, rest) = self.parse(input)?;
+            *input = rest;
+            msg
+        } else {
+            let want = need - self.filled;
+            let take = want.min(input.len());
+            let (head, rest) = input.split_at(take);
+            *input = rest;
+            let filled = self.filled;
+            let slot = self
+                .buf
+                .get_mut(filled..filled + take)
+                .ok_or(OobError::Truncated {
+                    message: self.next,
+                    needed: need,
+                    available: filled,
+                })?;
+            slot.copy_from_slice(head);
+            self.filled += take;
+            let buffered = self.buf;
+            let bytes = buffered.get(..self.filled).unwrap_or(&[]);
+            if self.filled < need {
+                // Name garbage early: the hello's magic is checked byte by byte.
+                if self.next == OobMessageKind::Hello {
+                    if let Err(e @ OobError::BadMagic { .. }) = Hello::parse(bytes) {
+                        return Err(self.fail(e));
+                    }
+                }
+                return Ok(None);
+            }
+            self.filled = 0;
+            self.parse(bytes)?.0
+        };
+        Ok(Some(result))
+    }
+
+    /// Decodes one message of the expected kind from the front of `bytes`.
+    fn parse<'a>(&mut self, bytes: &'a [u8]) -> Result<(OobMessage, &'a [u8]), OobError> {
+        let parsed = match self.next {
+            OobMessageKind::Hello => {
+                Hello::parse(bytes).map(|(h, rest)| (OobMessage::Hello(h), rest))
+            }
+            OobMessageKind::RecvWr => {
+                RecvWr::parse(bytes).map(|(wr, rest)| (OobMessage::RecvWr(wr), rest))
+            }
+        };
+        match parsed {
+            Ok(ok) => {
+                self.next = OobMessageKind::RecvWr;
+                Ok(ok)
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    fn fail(&mut self, e: OobError) -> OobError {
+        self.failed = Some(e);
+        e
+    }
+
+    /// Call when the peer closed the connection: an error if it stopped inside a message
+    /// (or the decoder had failed before).
+    pub const fn finish(&self) -> Result<(), OobError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        if self.filled != 0 {
+            return Err(OobError::Truncated {
+                message: self.next,
+                needed: self.next_len(),
+                available: self.filled,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::net::Ipv4Addr;
+
+    fn stream() -> ([u8; HELLO_LEN + 2 * RECV_WR_LEN], Hello, [RecvWr; 2]) {
+        let hello = Hello::new(Ipv4Addr::new(17, 34, 51, 10));
+        let wrs = [
+            RecvWr {
+                wr_id: 1,
+                addr: 0x1000,
+                length: 64,
+                lkey: 0x100,
+                qpn: 0x0123AB,
+            },
+            RecvWr {
+                wr_id: 2,
+                ..RecvWr::default()
+            },
+        ];
+        let mut bytes = [0u8; HELLO_LEN + 2 * RECV_WR_LEN];
+        bytes[..16].copy_from_slice(&hello.to_bytes());
+        bytes[16..48].copy_from_slice(&wrs[0].to_bytes().unwrap());
+        bytes[48..].copy_from_slice(&wrs[1].to_bytes().unwrap());
+        (bytes, hello, wrs)
+    }
+
+    #[test]
+    fn byte_by_byte_gives_the_same_messages() {
+        let (bytes, hello, wrs) = stream();
+        let mut dec = OobDecoder::new();
+        let mut got = std::vec::Vec::new();
+        for b in bytes.iter() {
+            let mut input = core::slice::from_ref(b);
+            while let Some(m) = dec.decode(&mut input).unwrap() {
+                got.push(m);
+            }
+            assert!(input.is_empty());
+        }
+        assert_eq!(
+            got,
+            [
+                OobMessage::Hello(hello),
+                OobMessage::RecvWr(wrs[0]),
+                OobMessage::RecvWr(wrs[1])
+            ]
+        );
+        assert_eq!(dec.finish(), Ok(()));
+    }
+
+    #[test]
+    fn partial_message_is_need_more_then_truncated_at_close() {
+        let (bytes, _, _) = stream();
+        let mut dec = OobDecoder::new();
+        let mut input = &bytes[..20];
+        assert!(matches!(
+            dec.decode(&mut input),
+            Ok(Some(OobMessage::Hello(_)))
+        ));
+        assert_eq!(dec.decode(&mut input), Ok(None));
+        assert_eq!(dec.buffered(), 4);
+        assert_eq!(
+            dec.finish(),
+            Err(OobError::Truncated {
+                message: OobMessageKind::RecvWr,
+                needed: 32,
+                available: 4
+            })
+        );
+    }
+
+    #[test]
+    fn garbage_fails_early_and_stays_failed() {
+        let mut dec = OobDecoder::new();
+        let mut input: &[u8] = b"BRX";
+        let err = dec.decode(&mut input).unwrap_err();
+        assert_eq!(err, OobError::BadMagic { found: *b"BRX\0" });
+        let mut more: &[u8] = &[0; 64];
+        assert_eq!(dec.decode(&mut more), Err(err));
+        assert_eq!(dec.finish(), Err(err));
+    }
+
+    #[test]
+    fn records_only_mode_for_the_reference_driver() {
+        let (bytes, _, wrs) = stream();
+        let mut dec = OobDecoder::without_hello();
+        let mut input = &bytes[16..];
+        assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[0]))));
+        assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[1]))));
+        assert_eq!(dec.decode(&mut input), Ok(None));
+    }
+}
