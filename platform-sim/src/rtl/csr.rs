@@ -185,7 +185,6 @@ impl Default for CsrClientConfig {
 struct CsrConnection {
     writer: TcpStream,
     reader: LineReader<TcpStream>,
-    reply_timeout: Duration,
     /// The first error that broke the connection; sticky.
     broken: Option<CsrError>,
 }
@@ -204,7 +203,7 @@ impl CsrConnection {
             if e.breaks_connection() {
                 log::error!("CSR channel broken, reads now return {DEAD_DEVICE_READ:#x}: {e}");
                 self.broken = Some(e.clone());
-                // Unblock nothing in particular, but tell the simulator we are gone.
+                // Out of step for good: close it so the simulator can take a new client.
                 let _ = self.writer.shutdown(std::net::Shutdown::Both);
             }
         }
@@ -291,7 +290,6 @@ impl CsrClient {
             conn: Mutex::new(CsrConnection {
                 writer: stream,
                 reader,
-                reply_timeout: config.reply_timeout,
                 broken: None,
             }),
         })
@@ -347,11 +345,6 @@ impl CsrClient {
     /// The error that broke the connection, if any.
     pub fn error(&self) -> Option<CsrError> {
         self.lock().broken.clone()
-    }
-
-    /// How long a read waits for its reply.
-    pub fn reply_timeout(&self) -> Duration {
-        self.lock().reply_timeout
     }
 }
 

@@ -45,9 +45,9 @@ impl<R: Read> LineReader<R> {
         }
     }
 
-    /// Whether bytes are already buffered, i.e. the next call may not block.
-    pub(crate) fn has_buffered(&self) -> bool {
-        !self.inner.buffer().is_empty()
+    /// Whether a complete line is already buffered, i.e. the next call will not block.
+    pub(crate) fn has_buffered_line(&self) -> bool {
+        self.inner.buffer().contains(&b'\n')
     }
 
     /// The next line; `None` at end of stream (a final line without `\n` is returned first).

@@ -68,6 +68,8 @@ struct Counters {
     faults: AtomicU64,
     malformed_lines: AtomicU64,
     running: AtomicBool,
+    /// Set by `shutdown`, so the end of the connection is not reported as the simulator's.
+    closing: AtomicBool,
 }
 
 /// The driver's DMA service for the RTL simulator: a thread that executes the simulator's
@@ -105,6 +107,9 @@ impl DmaClient {
             .spawn(move || {
                 let result = serve(&map, &thread_counters, reader, writer);
                 thread_counters.running.store(false, Ordering::Release);
+                if thread_counters.closing.load(Ordering::Acquire) {
+                    return;
+                }
                 match result {
                     Ok(()) => log::info!("DMA client: the simulator closed the connection"),
                     Err(e) => log::warn!("DMA client: connection failed: {e}"),
@@ -121,7 +126,7 @@ impl DmaClient {
     pub fn stats(&self) -> DmaClientStats {
         let c = &self.counters;
         DmaClientStats {
-            write_beats: c.write_beats.load(Ordering::Relaxed),
+            write_beats: c.write_beats.load(Ordering::Acquire),
             read_beats: c.read_beats.load(Ordering::Relaxed),
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
@@ -137,6 +142,7 @@ impl DmaClient {
     }
 
     fn stop(&mut self) {
+        self.counters.closing.store(true, Ordering::Release);
         // Ends the thread's blocking read with end-of-stream.
         let _ = self.control.shutdown(Shutdown::Both);
         if let Some(t) = self.thread.take() {
@@ -159,8 +165,9 @@ fn serve(
     mut writer: BufWriter<TcpStream>,
 ) -> io::Result<()> {
     loop {
-        // Replies are batched while requests are already waiting, and leave before we block.
-        if !reader.has_buffered() {
+        // Replies are batched while complete requests are already waiting, and leave before
+        // we may block.
+        if !reader.has_buffered_line() {
             writer.flush()?;
         }
         let line = match reader.next_line()? {
@@ -187,7 +194,8 @@ fn serve(
     }
 }
 
-/// Executes one request, writing the reply of a read to `writer`.
+/// Executes one request, writing the reply of a read to `writer`. A request that is not a
+/// well-formed `mem_write` or `mem_read` is counted and skipped.
 fn execute(
     map: &AddressMap,
     counters: &Counters,
@@ -195,24 +203,18 @@ fn execute(
     writer: &mut impl Write,
     line: &[u8],
 ) -> io::Result<()> {
-    match request {
-        SimRequest::MemWrite {
-            channel_id,
-            address,
-            data,
-            length,
-        } => {
-            if data.len() != length {
-                counters.malformed_lines.fetch_add(1, Ordering::Relaxed);
-                log::warn!(
-                    "DMA client: skipped a mem_write whose length {length} is not its {} data \
-                     bytes",
-                    data.len()
-                );
+    let malformed = |why: &str| {
+        counters.malformed_lines.fetch_add(1, Ordering::Relaxed);
+        log::warn!("DMA client: skipped {:?}: {why}", excerpt(line));
+    };
+    let channel_id = request.channel_id;
+    match (request.kind.as_str(), request.data, request.request_id) {
+        ("mem_write", Some(data), _) => {
+            if data.len() != request.length {
+                malformed("length is not the number of data bytes");
                 return Ok(());
             }
-            counters.write_beats.fetch_add(1, Ordering::Relaxed);
-            match map.write(DeviceAddr(address), &data) {
+            match map.write(DeviceAddr(request.address), &data) {
                 Ok(()) => {
                     counters
                         .bytes_written
@@ -223,25 +225,19 @@ fn execute(
                     log::error!("DMA client: dropped channel {channel_id}'s {fault}");
                 }
             }
+            // Release: whoever sees the count also sees the bytes written.
+            counters.write_beats.fetch_add(1, Ordering::Release);
         }
-        SimRequest::MemRead {
-            channel_id,
-            address,
-            length,
-            start_byte_index,
-            is_first,
-            is_last,
-            request_id,
-        } => {
+        ("mem_read", _, Some(request_id)) => {
+            let length = request.length;
             if length > MAX_BEAT_BYTES {
-                counters.malformed_lines.fetch_add(1, Ordering::Relaxed);
-                log::warn!("DMA client: skipped a mem_read of {length} bytes in one beat");
+                malformed("more bytes than any beat holds");
                 return Ok(());
             }
             counters.read_beats.fetch_add(1, Ordering::Relaxed);
             // A fault leaves the buffer zeroed, which is the answer.
             let mut data = vec![0u8; length];
-            match map.read(DeviceAddr(address), &mut data) {
+            match map.read(DeviceAddr(request.address), &mut data) {
                 Ok(()) => {
                     counters
                         .bytes_read
@@ -257,14 +253,16 @@ fn execute(
                 channel_id,
                 request_id: &request_id,
                 data: &data,
-                start_byte_index,
-                is_first,
-                is_last,
+                start_byte_index: request.start_byte_index,
+                is_first: request.is_first,
+                is_last: request.is_last,
             };
-            serde_json::to_writer(&mut *writer, &reply)
-                .map_err(|e| io::Error::other(format!("cannot answer {:?}: {e}", excerpt(line))))?;
+            serde_json::to_writer(&mut *writer, &reply).map_err(io::Error::from)?;
             writer.write_all(b"\n")?;
         }
+        ("mem_write", None, _) => malformed("a mem_write without data"),
+        ("mem_read", _, None) => malformed("a mem_read without a request_id"),
+        (other, _, _) => malformed(&format!("unknown type {other:?}")),
     }
     Ok(())
 }

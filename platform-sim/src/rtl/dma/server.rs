@@ -395,12 +395,19 @@ impl Shared {
                     })?;
                     outstanding.push_back((id, beat));
                 }
-                let Some((id, beat)) = outstanding.pop_front() else {
+                if outstanding.is_empty() {
                     return Ok(());
-                };
+                }
                 conn.flush()?;
-                conn.receive(channel, &id, &beat, buf, started)?;
-                self.counters.read_beats.fetch_add(1, Ordering::Relaxed);
+                // Wait for one reply, then take those that already arrived, so the window is
+                // refilled in batches rather than one beat per round trip.
+                while let Some((id, beat)) = outstanding.pop_front() {
+                    conn.receive(channel, &id, &beat, buf, started)?;
+                    self.counters.read_beats.fetch_add(1, Ordering::Relaxed);
+                    if !conn.reader.has_buffered_line() {
+                        break;
+                    }
+                }
             }
         })
     }
