@@ -33,7 +33,8 @@ pub const DEFAULT_PORT: u16 = 4791;
 pub struct UdpLinkConfig {
     /// The card's own address; must be in 127.0.0.0/8.
     pub ip: Ipv4Addr,
-    /// The UDP port of every card on this link.
+    /// The UDP port of every card on this link (0: a free port chosen by the kernel when
+    /// the first card binds; give the others [`UdpLink::local_addr`]'s port).
     pub port: u16,
     /// Largest datagram sent, header included (capped at 65 507, the IPv4 limit). Frames
     /// larger than this minus 8 bytes of framing cannot be sent.
@@ -117,9 +118,14 @@ impl UdpLink {
         socket.set_send_buffer_size(buffer)?;
         enable_rxq_ovfl(&socket)?;
         socket.bind(&SocketAddrV4::new(config.ip, config.port).into())?;
+        // Port 0 asks the kernel for a free port; the link's port is the one it gave.
+        let port = socket
+            .local_addr()?
+            .as_socket_ipv4()
+            .map_or(config.port, |a| a.port());
         Ok(Self {
             socket: socket.into(),
-            config,
+            config: UdpLinkConfig { port, ..config },
             stats: LinkStats::new(),
             filling: Vec::new(),
             full: Vec::new(),
