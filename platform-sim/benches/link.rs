@@ -47,6 +47,8 @@ struct Measured {
     elapsed: Duration,
     datagrams: u64,
     queue_drops: u64,
+    /// SO_RCVBUF granted to the receiving socket (0 for TCP).
+    recv_buffer: usize,
 }
 
 impl Measured {
@@ -63,6 +65,7 @@ fn udp_link(batch: usize, run: Duration) -> Measured {
             break (a, b);
         }
     };
+    let recv_buffer = rx.recv_buffer_bytes().unwrap_or(0);
     let done = Arc::new(AtomicBool::new(false));
     let receiver = {
         let done = done.clone();
@@ -105,6 +108,7 @@ fn udp_link(batch: usize, run: Duration) -> Measured {
         elapsed,
         datagrams: tx.stats().snapshot().datagrams_sent,
         queue_drops,
+        recv_buffer,
     }
 }
 
@@ -141,6 +145,7 @@ fn tcp_stream(run: Duration) -> Measured {
         elapsed,
         datagrams: 0,
         queue_drops: 0,
+        recv_buffer: 0,
     }
 }
 
@@ -183,5 +188,8 @@ fn main() {
             m.queue_drops,
             m.gbit_per_s() / tcp_rate
         );
+    }
+    if let Some((_, m)) = rows.last() {
+        println!("UDP receive buffer granted: {} KiB", m.recv_buffer >> 10);
     }
 }

@@ -17,7 +17,9 @@
 //! - **reorder**: the frame is held back and sent right after the next frame this port
 //!   transmits, so that frame overtakes it. A frame still held after the hold limit
 //!   ([`FaultyLink::with_hold_limit`], 1 ms by default) is sent at the port's next
-//!   `recv_frames` without having been overtaken, so a quiet port never keeps a frame.
+//!   `recv_frames` without having been overtaken, so a quiet port never keeps a frame. A
+//!   frame that overtakes a held one is not itself held; a frame still held when the port
+//!   is dropped is lost.
 
 use std::fmt;
 use std::io;

@@ -36,7 +36,8 @@ pub use udp::{UdpLink, UdpLinkConfig};
 pub trait LinkPort: Send {
     /// Transmits Ethernet frames (destination MAC first, no FCS), in order. A frame the
     /// link cannot carry (see the transport) is counted in [`LinkPort::stats`] and skipped;
-    /// an error means the port itself failed.
+    /// an error means the port itself failed. Pass every frame that is ready in one call:
+    /// the UDP link packs the frames of one call into as few datagrams as it can.
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()>;
     /// Receives frames for this card, calling `on_frame` for each, waiting at most `timeout`
     /// for the first one (not at all if it is zero) and then taking only frames that have

@@ -8,7 +8,9 @@
 //! [`LinkPort::send_frames`] call leave in as few `sendmmsg` calls as possible.
 //!
 //! The link only ever sends to 127.0.0.0/8: a frame for any other address, a non-IPv4 frame
-//! and a frame too large for one datagram are counted and dropped. A received datagram that
+//! and a frame too large for one datagram are counted and dropped; a frame for a 127.x
+//! address where no card listens is lost silently, like a frame on an unplugged cable. A
+//! received datagram that
 //! is malformed is counted and dropped whole. Like any UDP path, the link may lose datagrams
 //! when a receiver falls behind; the kernel's count of those is [`LinkCounter::RxQueueDrops`].
 
