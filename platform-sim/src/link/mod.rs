@@ -1,19 +1,71 @@
-//! The link between emulated NICs: Ethernet frames carried over UDP between cards addressed
-//! by IP (many cards on one host with 127.0.0.x addresses), with optional pcap capture and
-//! seeded fault injection. Filled in by issue B's link work.
+//! The link between emulated NICs: Ethernet frames (destination MAC first, no FCS; layout
+//! in `shared/spec/nic-behaviour.md` section 1.4) between cards addressed by IPv4.
+//!
+//! - [`UdpLink`] (the default): one UDP socket per card at 127.0.0.x, frames routed by their
+//!   IPv4 destination and packed several to a datagram ([`udp`], [`datagram`]).
+//! - [`MemHub`]: the same routing inside one process, for deterministic tests ([`mem`]).
+//! - [`FaultyLink`]: seeded drop, duplicate, reorder and corrupt on transmit ([`fault`]).
+//! - [`CapturingLink`]: a pcap record of the frames ([`pcap`]).
+//!
+//! The wrappers stack on any port, e.g.
+//! `CapturingLink::new(FaultyLink::new(UdpLink::bind(config)?, faults)?, sink, dir)`, and all
+//! layers count into the bottom port's [`LinkStats`].
+//!
+//! The link carries frames; it does not filter them. The receiving card applies its own
+//! address filter (section 2.1).
+
+pub mod datagram;
+pub mod fault;
+pub mod mem;
+mod mmsg;
+pub mod pcap;
+pub mod route;
+mod stats;
+pub mod udp;
 
 use std::io;
 use std::time::Duration;
 
+pub use fault::{FaultConfig, FaultConfigError, FaultDecision, FaultyLink, FAULTS_ENV};
+pub use mem::{MemHub, MemPort};
+pub use pcap::{CaptureDirection, CapturingLink, PcapSink, PcapWriter};
+pub use stats::{LinkCounter, LinkStats, LinkStatsSnapshot};
+pub use udp::{UdpLink, UdpLinkConfig};
+
 /// One card's port on the link.
 pub trait LinkPort: Send {
-    /// Transmits Ethernet frames (destination MAC first, no FCS), in order.
+    /// Transmits Ethernet frames (destination MAC first, no FCS), in order. A frame the
+    /// link cannot carry (see the transport) is counted in [`LinkPort::stats`] and skipped;
+    /// an error means the port itself failed. Pass every frame that is ready in one call:
+    /// the UDP link packs the frames of one call into as few datagrams as it can.
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()>;
     /// Receives frames for this card, calling `on_frame` for each, waiting at most `timeout`
-    /// for the first one. Returns how many frames were delivered.
+    /// for the first one (not at all if it is zero) and then taking only frames that have
+    /// already arrived. Returns how many frames were delivered; 0 is not an error.
     fn recv_frames(
         &mut self,
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize>;
+    /// The port's counters. Wrappers return their inner port's, so that one set of counters
+    /// describes the whole stack.
+    fn stats(&self) -> &LinkStats;
+}
+
+impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        (**self).send_frames(frames)
+    }
+
+    fn recv_frames(
+        &mut self,
+        timeout: Duration,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<usize> {
+        (**self).recv_frames(timeout, on_frame)
+    }
+
+    fn stats(&self) -> &LinkStats {
+        (**self).stats()
+    }
 }
