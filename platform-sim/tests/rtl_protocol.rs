@@ -730,7 +730,7 @@ fn frames_of_many_sizes(seed: u8) -> Vec<Vec<u8>> {
 fn two_card_link_carries_frames_intact_both_ways() {
     let mut card1 = TwoCardLink::listen(27731).unwrap();
     card1.send_frames(&[&[1, 2, 3]]).unwrap();
-    assert_eq!(card1.stats().dropped_before_connect, 1);
+    assert_eq!(card1.status().dropped_before_connect, 1);
     let mut card2 = TwoCardLink::connect(27731, &TWO_CARD_RETRY).unwrap();
     assert!(card1.wait_connected(Duration::from_secs(5)));
 
@@ -742,12 +742,12 @@ fn two_card_link_carries_frames_intact_both_ways() {
     card2.send_frames(&refs).unwrap();
     assert_eq!(recv_n(&mut card2, to2.len()), to2);
     assert_eq!(recv_n(&mut card1, to1.len()), to1);
-    assert_eq!(card1.stats().frames_sent, to2.len() as u64);
-    assert_eq!(card2.stats().frames_received, to2.len() as u64);
+    assert_eq!(card1.status().frames_sent, to2.len() as u64);
+    assert_eq!(card2.status().frames_received, to2.len() as u64);
 
     // Card 2 leaving takes the link down on card 1.
     drop(card2);
-    eventually("card 1 to see the link down", || !card1.stats().connected);
+    eventually("card 1 to see the link down", || !card1.status().connected);
     assert!(card1.send_frames(&[&[0u8; 60]]).is_err());
     assert!(card1
         .recv_frames(Duration::from_millis(10), &mut |_| {})
@@ -774,7 +774,7 @@ fn two_card_link_counts_and_skips_garbage_lines() {
         .unwrap();
     assert_eq!(recv_n(&mut card1, 2), vec![vec![1, 2, 3], vec![0xFF, 0xFE]]);
     assert_eq!(
-        card1.stats().garbage_lines,
+        card1.status().garbage_lines,
         2,
         "bad characters, missing padding"
     );
@@ -853,7 +853,7 @@ fn soft_switch_link_registers_its_instance_and_counts_garbage() {
     assert_eq!(read_line(&mut sw_r), "5\n");
     sw.write_all(b"@@@@\nAAECAw==\n").unwrap();
     assert_eq!(recv_n(&mut node, 1), vec![vec![0, 1, 2, 3]]);
-    assert_eq!(node.stats().garbage_lines, 1);
+    assert_eq!(node.status().garbage_lines, 1);
     node.send_frames(&[&[0xFB, 0xFF]]).unwrap();
     assert_eq!(read_line(&mut sw_r), "+/8=\n");
 }

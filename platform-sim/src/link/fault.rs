@@ -459,7 +459,7 @@ impl<L: LinkPort> LinkPort for FaultyLink<L> {
                 Emit::Input(i) => frames[i],
                 Emit::Owned(o) => &owned[o],
             };
-            out.extend(std::iter::repeat(bytes).take(copies));
+            out.extend(std::iter::repeat_n(bytes, copies));
         }
         if out.is_empty() {
             return Ok(());

@@ -28,7 +28,7 @@ use base64::Engine as _;
 use super::connect::{connect_loopback, RetryPolicy};
 use super::line::{excerpt, trim, Line, LineReader};
 use super::listener::{accept_loop, bind_loopback};
-use crate::link::LinkPort;
+use crate::link::{LinkCounter, LinkPort, LinkStats};
 
 /// The two-card bench's link port (card 1 listens on it).
 pub const TWO_CARD_PORT: u16 = 7777;
@@ -54,9 +54,10 @@ pub fn encode_frame_line(frame: &[u8]) -> String {
     line
 }
 
-/// What a link port has carried so far.
+/// What a simulator link has carried so far, and whether it is up. The same frame counts
+/// also feed the port's shared [`crate::link::LinkStats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LinkStats {
+pub struct EthLinkStatus {
     /// Frames written to the socket.
     pub frames_sent: u64,
     /// Frames decoded from the socket.
@@ -84,6 +85,8 @@ struct LinkShared {
     frames_received: AtomicU64,
     garbage_lines: AtomicU64,
     dropped_before_connect: AtomicU64,
+    /// The port's counters as every link reports them.
+    counters: crate::link::LinkStats,
 }
 
 impl LinkShared {
@@ -99,6 +102,7 @@ impl LinkShared {
                 Ok(Some(Line::Text(t))) => trim(t),
                 Ok(Some(Line::TooLong(n))) => {
                     self.garbage_lines.fetch_add(1, Ordering::Relaxed);
+                    self.counters.add(LinkCounter::BadDatagrams, 1);
                     log::warn!("{name}: skipped a line of {n} bytes");
                     continue;
                 }
@@ -116,12 +120,14 @@ impl LinkShared {
             match STANDARD.decode(line) {
                 Ok(frame) => {
                     self.frames_received.fetch_add(1, Ordering::Relaxed);
+                    self.counters.add(LinkCounter::FramesReceived, 1);
                     if tx.send(frame).is_err() {
                         break;
                     }
                 }
                 Err(e) => {
                     self.garbage_lines.fetch_add(1, Ordering::Relaxed);
+                    self.counters.add(LinkCounter::BadDatagrams, 1);
                     log::warn!(
                         "{name}: skipped a line that is not base64 ({e}): {:?}",
                         excerpt(line)
@@ -165,9 +171,9 @@ impl LineLink {
         })
     }
 
-    fn stats(&self) -> LinkStats {
+    fn status(&self) -> EthLinkStatus {
         let s = &self.shared;
-        LinkStats {
+        EthLinkStatus {
             frames_sent: s.frames_sent.load(Ordering::Relaxed),
             frames_received: s.frames_received.load(Ordering::Relaxed),
             garbage_lines: s.garbage_lines.load(Ordering::Relaxed),
@@ -194,6 +200,9 @@ impl LineLink {
                 self.shared
                     .dropped_before_connect
                     .fetch_add(frames.len() as u64, Ordering::Relaxed);
+                self.shared
+                    .counters
+                    .add(LinkCounter::FramesUnroutable, frames.len() as u64);
                 return Ok(());
             }
             DOWN => {
@@ -222,6 +231,9 @@ impl LineLink {
         self.shared
             .frames_sent
             .fetch_add(frames.len() as u64, Ordering::Relaxed);
+        self.shared
+            .counters
+            .add(LinkCounter::FramesSent, frames.len() as u64);
         Ok(())
     }
 
@@ -285,7 +297,7 @@ impl fmt::Debug for TwoCardLink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TwoCardLink")
             .field("local_addr", &self.local_addr)
-            .field("stats", &self.stats())
+            .field("status", &self.status())
             .finish()
     }
 }
@@ -356,14 +368,18 @@ impl TwoCardLink {
     }
 
     /// The counters so far.
-    pub fn stats(&self) -> LinkStats {
-        self.link.stats()
+    pub fn status(&self) -> EthLinkStatus {
+        self.link.status()
     }
 }
 
 impl LinkPort for TwoCardLink {
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
         self.link.send_frames(frames)
+    }
+
+    fn stats(&self) -> &LinkStats {
+        &self.link.shared.counters
     }
 
     fn recv_frames(
@@ -385,7 +401,7 @@ impl fmt::Debug for SoftSwitchLink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SoftSwitchLink")
             .field("instance", &self.instance)
-            .field("stats", &self.stats())
+            .field("status", &self.status())
             .finish()
     }
 }
@@ -408,14 +424,18 @@ impl SoftSwitchLink {
     }
 
     /// The counters so far.
-    pub fn stats(&self) -> LinkStats {
-        self.link.stats()
+    pub fn status(&self) -> EthLinkStatus {
+        self.link.status()
     }
 }
 
 impl LinkPort for SoftSwitchLink {
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
         self.link.send_frames(frames)
+    }
+
+    fn stats(&self) -> &LinkStats {
+        &self.link.shared.counters
     }
 
     fn recv_frames(

@@ -19,5 +19,5 @@ pub mod soft_switch;
 pub use connect::RetryPolicy;
 pub use csr::{CsrClient, CsrClientConfig, CsrError, CsrServer, CsrServerStats, CsrTarget};
 pub use dma::{BusWidth, DmaChannel, DmaClient, DmaClientConfig, DmaServer, DmaServerConfig};
-pub use eth::{LinkStats, SoftSwitchLink, TwoCardLink};
+pub use eth::{EthLinkStatus, SoftSwitchLink, TwoCardLink};
 pub use soft_switch::{SoftSwitch, SoftSwitchConfig};
