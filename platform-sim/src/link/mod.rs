@@ -32,6 +32,15 @@ pub use pcap::{CaptureDirection, CapturingLink, PcapSink, PcapWriter};
 pub use stats::{LinkCounter, LinkStats, LinkStatsSnapshot};
 pub use udp::{UdpLink, UdpLinkConfig};
 
+/// A second transmit handle on a port, for a thread other than the one that receives: the
+/// emulated card transmits data packets from its send-ring thread while its receive thread
+/// blocks in [`LinkPort::recv_frames`] (and sends its own NAKs through the port itself).
+pub trait FrameSender: Send {
+    /// As [`LinkPort::send_frames`]: in order, counted in the port's [`LinkStats`], and
+    /// through the same wrappers (faults, capture) as the port.
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()>;
+}
+
 /// One card's port on the link.
 pub trait LinkPort: Send {
     /// Transmits Ethernet frames (destination MAC first, no FCS), in order. A frame the
@@ -50,6 +59,13 @@ pub trait LinkPort: Send {
     /// The port's counters. Wrappers return their inner port's, so that one set of counters
     /// describes the whole stack.
     fn stats(&self) -> &LinkStats;
+    /// Another transmit handle on this port (see [`FrameSender`]).
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this link port has no second transmit handle",
+        ))
+    }
 }
 
 impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
@@ -67,5 +83,9 @@ impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
 
     fn stats(&self) -> &LinkStats {
         (**self).stats()
+    }
+
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        (**self).sender()
     }
 }
