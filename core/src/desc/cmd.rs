@@ -40,6 +40,7 @@ pub enum CmdOpcode {
 
 impl CmdOpcode {
     /// The exact meaning of the byte: 0..=5 are named, everything else is `Unknown`.
+    #[inline]
     pub const fn from_raw(raw: u8) -> Self {
         match raw {
             0 => CmdOpcode::UpdateMrTable,
@@ -53,10 +54,12 @@ impl CmdOpcode {
     }
     /// What the RTL executes for this byte: only the low 3 bits count, so 8..=13 alias 0..=5
     /// and only 6 and 7 (mod 8) come out `Unknown`.
+    #[inline]
     pub const fn decode_rtl(raw: u8) -> Self {
         Self::from_raw(raw & 0x7)
     }
     /// The byte written to the descriptor.
+    #[inline]
     pub const fn raw(self) -> u8 {
         match self {
             CmdOpcode::UpdateMrTable => 0,

@@ -13,19 +13,23 @@ impl MacAddr {
     pub const BROADCAST: MacAddr = MacAddr([0xFF; 6]);
 
     /// From the octets in wire order.
+    #[inline]
     pub const fn new(octets: [u8; 6]) -> Self {
         Self(octets)
     }
     /// The octets in wire order.
+    #[inline]
     pub const fn octets(self) -> [u8; 6] {
         self.0
     }
     /// From the 48-bit numeric form (first octet = bits 47..40); bits 48..63 are ignored.
+    #[inline]
     pub const fn from_bits(bits: u64) -> Self {
         let b = bits.to_be_bytes();
         Self([b[2], b[3], b[4], b[5], b[6], b[7]])
     }
     /// The 48-bit numeric form (first octet = bits 47..40), as descriptors store it.
+    #[inline]
     pub const fn to_bits(self) -> u64 {
         let o = self.0;
         u64::from_be_bytes([0, 0, o[0], o[1], o[2], o[3], o[4], o[5]])

@@ -73,6 +73,7 @@ pub enum RdmaOpcode {
 
 impl RdmaOpcode {
     /// From the 8-bit BTH opcode.
+    #[inline]
     pub const fn from_raw(raw: u8) -> Self {
         use RdmaOpcode::*;
         match raw {
@@ -104,6 +105,7 @@ impl RdmaOpcode {
         }
     }
     /// The 8-bit BTH opcode.
+    #[inline]
     pub const fn raw(self) -> u8 {
         use RdmaOpcode::*;
         match self {
@@ -135,10 +137,12 @@ impl RdmaOpcode {
         }
     }
     /// The transport bits (`raw >> 5`; 0 = RC).
+    #[inline]
     pub const fn transport(self) -> u8 {
         self.raw() >> 5
     }
     /// SEND packets (including the *_INV ones).
+    #[inline]
     pub const fn is_send(self) -> bool {
         use RdmaOpcode::*;
         matches!(
@@ -154,6 +158,7 @@ impl RdmaOpcode {
         )
     }
     /// RDMA WRITE packets.
+    #[inline]
     pub const fn is_write(self) -> bool {
         use RdmaOpcode::*;
         matches!(
@@ -162,6 +167,7 @@ impl RdmaOpcode {
         )
     }
     /// RDMA READ response packets.
+    #[inline]
     pub const fn is_read_response(self) -> bool {
         use RdmaOpcode::*;
         matches!(
@@ -170,20 +176,24 @@ impl RdmaOpcode {
         )
     }
     /// ACKNOWLEDGE or ATOMIC ACKNOWLEDGE.
+    #[inline]
     pub const fn is_ack(self) -> bool {
         matches!(self, RdmaOpcode::Acknowledge | RdmaOpcode::AtomicAck)
     }
     /// First packet of a multi-packet message.
+    #[inline]
     pub const fn is_first(self) -> bool {
         use RdmaOpcode::*;
         matches!(self, SendFirst | WriteFirst | ReadRespFirst)
     }
     /// Middle packet of a multi-packet message.
+    #[inline]
     pub const fn is_middle(self) -> bool {
         use RdmaOpcode::*;
         matches!(self, SendMiddle | WriteMiddle | ReadRespMiddle)
     }
     /// Last packet of a multi-packet message.
+    #[inline]
     pub const fn is_last(self) -> bool {
         use RdmaOpcode::*;
         matches!(
@@ -192,6 +202,7 @@ impl RdmaOpcode {
         )
     }
     /// The only packet of a message.
+    #[inline]
     pub const fn is_only(self) -> bool {
         use RdmaOpcode::*;
         matches!(
@@ -200,10 +211,12 @@ impl RdmaOpcode {
         )
     }
     /// The packet ends its message (last or only): where a message completes.
+    #[inline]
     pub const fn ends_message(self) -> bool {
         self.is_last() || self.is_only()
     }
     /// The packet carries immediate data.
+    #[inline]
     pub const fn has_imm(self) -> bool {
         use RdmaOpcode::*;
         matches!(
@@ -212,11 +225,13 @@ impl RdmaOpcode {
         )
     }
     /// The packet carries an rkey to invalidate (IETH).
+    #[inline]
     pub const fn has_invalidate(self) -> bool {
         matches!(self, RdmaOpcode::SendLastInv | RdmaOpcode::SendOnlyInv)
     }
     /// The opcode is one that carries payload (SEND, WRITE, READ response); the packet
     /// itself may still be zero-length.
+    #[inline]
     pub const fn has_payload(self) -> bool {
         self.is_send() || self.is_write() || self.is_read_response()
     }

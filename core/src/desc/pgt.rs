@@ -27,14 +27,17 @@ pub struct PgtEntry(pub DeviceAddr);
 
 impl PgtEntry {
     /// The 8 bytes as staged (u64 little-endian).
+    #[inline]
     pub const fn encode(self) -> [u8; PGT_ENTRY_SIZE] {
         self.0.get().to_le_bytes()
     }
     /// From the 8 staged bytes.
+    #[inline]
     pub const fn decode(bytes: [u8; PGT_ENTRY_SIZE]) -> Self {
         PgtEntry(DeviceAddr(u64::from_le_bytes(bytes)))
     }
-    /// The 27-bit page number the RTL stores (PA[47:21], 2 MiB pages).
+    /// The 27-bit page number the RTL stores (`PA[47:21]`, 2 MiB pages).
+    #[inline]
     pub const fn rtl_page_number(self) -> u32 {
         ((self.0.get() >> 21) & ((1 << 27) - 1)) as u32
     }

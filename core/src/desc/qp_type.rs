@@ -22,6 +22,7 @@ pub enum QpType {
 
 impl QpType {
     /// From the raw value.
+    #[inline]
     pub const fn from_raw(raw: u8) -> Self {
         match raw {
             2 => QpType::Rc,
@@ -34,6 +35,7 @@ impl QpType {
         }
     }
     /// The raw value.
+    #[inline]
     pub const fn raw(self) -> u8 {
         match self {
             QpType::Rc => 2,

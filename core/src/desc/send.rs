@@ -55,6 +55,7 @@ pub enum WorkReqOpcode {
 
 impl WorkReqOpcode {
     /// The exact meaning of the byte: 0..=15 are named, everything else is `Unknown`.
+    #[inline]
     pub const fn from_raw(raw: u8) -> Self {
         match raw {
             0 => WorkReqOpcode::Write,
@@ -77,10 +78,12 @@ impl WorkReqOpcode {
         }
     }
     /// What the RTL executes for this byte: only the low 4 bits count.
+    #[inline]
     pub const fn decode_rtl(raw: u8) -> Self {
         Self::from_raw(raw & 0xF)
     }
     /// The byte written to the descriptor.
+    #[inline]
     pub const fn raw(self) -> u8 {
         match self {
             WorkReqOpcode::Write => 0,
