@@ -68,7 +68,7 @@ fn manage_qp(i: u32) -> CmdRequest {
 
 fn packet(i: u32) -> MetaReport {
     MetaReport::Packet(PacketInfo {
-        opcode: RdmaOpcode::WriteOnlyImm,
+        opcode: RdmaOpcode::WriteOnlyWithImm,
         psn: 0x102 + i,
         msn: i as u16,
         dqpn: Qpn::from_raw(0x0123AB),

@@ -22,6 +22,7 @@ pub mod log;
 pub mod addr;
 pub mod desc;
 pub mod keys;
+pub mod mac;
 pub mod mtu;
 pub mod oob;
 pub mod platform;

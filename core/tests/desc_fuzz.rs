@@ -369,7 +369,7 @@ fn pmtu() -> impl Strategy<Value = Pmtu> {
     (1u8..=5).prop_map(|v| Pmtu::from_ibv(v).unwrap())
 }
 fn qp_type() -> impl Strategy<Value = QpType> {
-    (0u8..16).prop_map(QpType::from_raw)
+    (0u32..16).prop_map(QpType::from_ibv)
 }
 fn mac() -> impl Strategy<Value = MacAddr> {
     (0u64..1 << 48).prop_map(MacAddr::from_bits)

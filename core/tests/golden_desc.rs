@@ -279,7 +279,7 @@ fn golden_7_8_send_request() {
 
 fn v9_packet() -> PacketInfo {
     PacketInfo {
-        opcode: RdmaOpcode::WriteOnlyImm,
+        opcode: RdmaOpcode::WriteOnlyWithImm,
         psn: 0x102,
         msn: 7,
         dqpn: qpn(0x0123AB),
@@ -595,7 +595,7 @@ fn isolation_manage_qp() {
         qpn: qpn(0),
         peer_qpn: qpn(0),
         rq_access_flags: AccessFlags::empty(),
-        qp_type: QpType::from_raw(0),
+        qp_type: QpType::from_ibv(0),
         pmtu: Pmtu::Mtu256,
         local_udp_port: 0,
         peer_mac: mac(0),
@@ -627,7 +627,7 @@ fn isolation_manage_qp() {
             case("pmtu", c(&|v| v.pmtu = Pmtu::Mtu4096), &[(85, 3, 5)]),
             case(
                 "qp_type",
-                c(&|v| v.qp_type = QpType::from_raw(15)),
+                c(&|v| v.qp_type = QpType::from_ibv(15)),
                 &[(92, 4, 0xF)],
             ),
             case(
@@ -766,7 +766,7 @@ fn isolation_send_seg0() {
         op: WorkReqOpcode::Write,
         flags: SendFlags::empty(),
         dqpn: qpn(0),
-        qp_type: QpType::from_raw(0),
+        qp_type: QpType::from_ibv(0),
         psn: 0,
         raddr: VirtAddr(0),
         dqp_ip: Ipv4Addr::UNSPECIFIED,
@@ -794,7 +794,7 @@ fn isolation_send_seg0() {
             case("dqpn", c(&|v| v.dqpn = qpn(0xFF_FFFF)), &[(8, 24, ONES_24)]),
             case(
                 "qp_type",
-                c(&|v| v.qp_type = QpType::from_raw(15)),
+                c(&|v| v.qp_type = QpType::from_ibv(15)),
                 &[(36, 4, 0xF)],
             ),
             case("psn", c(&|v| v.psn = 0xFF_FFFF), &[(40, 24, ONES_24)]),
@@ -977,7 +977,7 @@ fn isolation_packet_basic_info() {
             case("msn", c(&|v| v.msn = u16::MAX), &[(224, 16, ONES_16)]),
             case(
                 "op_code",
-                c(&|v| v.opcode = RdmaOpcode::ReadRespOnly),
+                c(&|v| v.opcode = RdmaOpcode::ReadResponseOnly),
                 &[(240, 8, 0x10)],
             ),
         ],

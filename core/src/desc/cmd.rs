@@ -255,7 +255,7 @@ impl CmdRequest {
                 d.set(qp::PEER_MAC_ADDR, c.peer_mac.to_bits());
                 d.set(qp::LOCAL_UDP_PORT, c.local_udp_port.into());
                 d.set(qp::PMTU, c.pmtu.to_ibv().into());
-                d.set(qp::QP_TYPE, c.qp_type.raw().into());
+                d.set(qp::QP_TYPE, c.qp_type.to_ibv().into());
                 d.set(qp::RQ_ACCESS_FLAGS, c.rq_access_flags.bits().into());
                 d.set(qp::PEER_QPN, c.peer_qpn.get().into());
                 d.set(qp::QPN, c.qpn.get().into());
@@ -343,7 +343,7 @@ impl CmdRequest {
                     qpn: Qpn::from_raw(d.get(qp::QPN) as u32),
                     peer_qpn: Qpn::from_raw(d.get(qp::PEER_QPN) as u32),
                     rq_access_flags: AccessFlags::from_bits_retain(d.get(qp::RQ_ACCESS_FLAGS) as u8),
-                    qp_type: QpType::from_raw(d.get(qp::QP_TYPE) as u8),
+                    qp_type: QpType::from_ibv(d.get(qp::QP_TYPE) as u32),
                     pmtu,
                     local_udp_port: d.get(qp::LOCAL_UDP_PORT) as u16,
                     peer_mac: MacAddr::from_bits(d.get(qp::PEER_MAC_ADDR)),

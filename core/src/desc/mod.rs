@@ -17,17 +17,15 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 pub mod access;
 pub mod cmd;
 pub mod error;
-pub mod mac;
 pub mod meta;
 pub mod pgt;
-pub mod qp_type;
 pub mod send;
 pub mod simple_nic;
 
+pub use crate::mac::MacAddr;
+pub use crate::qp::QpType;
 pub use access::AccessFlags;
 pub use error::{DescError, DescKind};
-pub use mac::MacAddr;
-pub use qp_type::QpType;
 
 /// Size of every descriptor in bytes.
 pub const DESC_SIZE: usize = 32;

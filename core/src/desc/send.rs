@@ -217,7 +217,7 @@ impl SendSeg0 {
         let mut d = RawDesc::with_header(self.op.raw(), true);
         d.set(seg0::FLAGS, self.flags.bits().into());
         d.set(seg0::DQPN, self.dqpn.get().into());
-        d.set(seg0::QP_TYPE, self.qp_type.raw().into());
+        d.set(seg0::QP_TYPE, self.qp_type.to_ibv().into());
         d.set(seg0::PSN, self.psn.into());
         d.set(seg0::RADDR, self.raddr.get());
         d.set(seg0::DQP_IP, u32::from(self.dqp_ip).into());
@@ -240,7 +240,7 @@ impl SendSeg0 {
             op: WorkReqOpcode::decode_rtl(d.op_code()),
             flags: SendFlags::from_bits_retain(d.get(seg0::FLAGS) as u8),
             dqpn: Qpn::from_raw(d.get(seg0::DQPN) as u32),
-            qp_type: QpType::from_raw(d.get(seg0::QP_TYPE) as u8),
+            qp_type: QpType::from_ibv(d.get(seg0::QP_TYPE) as u32),
             psn: d.get(seg0::PSN) as u32,
             raddr: VirtAddr(d.get(seg0::RADDR)),
             dqp_ip: Ipv4Addr::from(d.get(seg0::DQP_IP) as u32),

@@ -183,8 +183,8 @@ mod tests {
 
     fn frame(verdict: AckVerdict) -> DriverAckFrame {
         DriverAckFrame {
-            src_mac: MacAddr::from_u48(0xAABB_CCDD_EE0A),
-            dst_mac: MacAddr::from_u48(0xAABB_CCDD_EE0B),
+            src_mac: MacAddr::from_bits(0xAABB_CCDD_EE0A),
+            dst_mac: MacAddr::from_bits(0xAABB_CCDD_EE0B),
             src_ip: Ipv4Addr::new(17, 34, 51, 10),
             dst_ip: Ipv4Addr::new(17, 34, 51, 11),
             dqpn: Qpn::from_raw(0x0345CD),

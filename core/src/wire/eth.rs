@@ -1,7 +1,7 @@
 //! Ethernet II header, 14 bytes: destination MAC, source MAC, EtherType (frame bytes
 //! 0..13, nic-behaviour.md 1.4). No VLAN tag: the card neither sends nor expects one.
 
-use core::fmt;
+pub use crate::mac::MacAddr;
 
 use zerocopy::network_endian::U16;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -10,50 +10,6 @@ use super::{read_layout, write_layout, Header, HeaderKind, WireError};
 
 /// Length of the Ethernet II header.
 pub const ETH_HEADER_LEN: usize = 14;
-
-/// A 48-bit MAC address in wire order (byte 0 is sent first).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl MacAddr {
-    /// FF:FF:FF:FF:FF:FF.
-    pub const BROADCAST: MacAddr = MacAddr([0xFF; 6]);
-
-    /// From the 48-bit integer form the descriptors use (`0xAABBCCDDEE0A` is
-    /// AA:BB:CC:DD:EE:0A); bits above 47 are ignored.
-    pub const fn from_u48(value: u64) -> Self {
-        let b = value.to_be_bytes();
-        MacAddr([b[2], b[3], b[4], b[5], b[6], b[7]])
-    }
-
-    /// The 48-bit integer form.
-    pub const fn to_u48(self) -> u64 {
-        let m = self.0;
-        u64::from_be_bytes([0, 0, m[0], m[1], m[2], m[3], m[4], m[5]])
-    }
-
-    /// Whether this is the broadcast address.
-    pub const fn is_broadcast(self) -> bool {
-        self.to_u48() == 0xFFFF_FFFF_FFFF
-    }
-}
-
-impl fmt::Debug for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
-    }
-}
 
 /// The EtherType field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -135,9 +91,9 @@ mod tests {
 
     #[test]
     fn mac_integer_form_is_wire_order() {
-        let m = MacAddr::from_u48(0xAABB_CCDD_EE0A);
+        let m = MacAddr::from_bits(0xAABB_CCDD_EE0A);
         assert_eq!(m.0, [0xAA, 0xBB, 0xCC, 0xDD, 0xEE, 0x0A]);
-        assert_eq!(m.to_u48(), 0xAABB_CCDD_EE0A);
+        assert_eq!(m.to_bits(), 0xAABB_CCDD_EE0A);
         assert!(MacAddr::BROADCAST.is_broadcast() && !m.is_broadcast());
     }
 

@@ -576,8 +576,8 @@ mod tests {
 
     fn envelope() -> FrameEnvelope {
         FrameEnvelope::new(
-            MacAddr::from_u48(0xAABB_CCDD_EE0A),
-            MacAddr::from_u48(0xAABB_CCDD_EE0B),
+            MacAddr::from_bits(0xAABB_CCDD_EE0A),
+            MacAddr::from_bits(0xAABB_CCDD_EE0B),
             Ipv4Addr::new(17, 34, 51, 10),
             Ipv4Addr::new(17, 34, 51, 11),
             0x23AB,

@@ -1,12 +1,12 @@
-//! Ethernet MAC addresses as descriptors carry them: a 48-bit number whose most significant
-//! octet is the first on the wire (layout-verification.md 1.2, ManageQp peer_mac_addr: "first
-//! octet in bits 47..40").
+//! Ethernet MAC addresses, shared by descriptors and wire headers. Descriptors carry a
+//! 48-bit number whose most significant octet is the first on the wire
+//! (layout-verification.md 1.2, ManageQp peer_mac_addr: "first octet in bits 47..40").
 
 use core::fmt;
 
 /// A 48-bit MAC address, stored in wire order (`octets()[0]` is sent first).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct MacAddr([u8; 6]);
+pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
     /// The all-ones broadcast address.
@@ -33,6 +33,11 @@ impl MacAddr {
     pub const fn to_bits(self) -> u64 {
         let o = self.0;
         u64::from_be_bytes([0, 0, o[0], o[1], o[2], o[3], o[4], o[5]])
+    }
+    /// Whether this is the broadcast address.
+    #[inline]
+    pub const fn is_broadcast(self) -> bool {
+        self.to_bits() == 0xFFFF_FFFF_FFFF
     }
 }
 
