@@ -2,9 +2,9 @@
 //! time (hardware-contract.md "Rings", layout-verification.md section 3).
 //!
 //! The card reads and writes these bytes by DMA while the CPU runs, so no Rust reference to
-//! them is ever created: every access is a volatile load or store through the raw pointer,
-//! in 8-byte words (a descriptor is four little-endian u64 words; byte 31, which holds the
-//! valid bit, is in the last one). Ordering against the card is the rings' job: a
+//! them is ever created: every access is a volatile load or store through the raw pointer.
+//! The valid bit is read alone, as one byte load of byte 31, before the descriptor is copied;
+//! a card-style publication writes the last 8-byte word, which holds byte 31, after the rest. Ordering against the card is the rings' job: a
 //! `fence(Acquire)` after a valid bit or tail is observed, a `fence(Release)` before a head or
 //! tail CSR write. On CPUs whose DMA is not coherent within the domain those fences cover,
 //! the platform must add its own barriers.
@@ -43,7 +43,7 @@ pub trait RingSlots<const N: u16> {
     fn is_valid(&self, at: RingPtr<N>) -> bool;
     /// A copy of the slot's descriptor.
     fn read(&self, at: RingPtr<N>) -> RawDesc;
-    /// Stores `desc` in the slot, the word with the valid bit last.
+    /// Stores `desc` in the slot (a host-to-card ring: the card ignores the valid bit).
     fn write(&mut self, at: RingPtr<N>, desc: &RawDesc);
     /// Zeroes the slot, clearing its valid bit.
     fn clear(&mut self, at: RingPtr<N>);
@@ -152,27 +152,26 @@ impl RingMemory {
         byte & VALID_MASK != 0
     }
 
-    /// A copy of the descriptor in slot `at`, read with four volatile 8-byte loads. The
-    /// caller decides from its copy only; the slot may change after this returns.
+    /// A copy of the descriptor in slot `at`, read with four volatile 8-byte loads. Call it
+    /// after [`RingMemory::is_valid`] and a `fence(Acquire)`; the caller decides from its
+    /// copy only, the slot may change later.
     pub fn read(&self, at: RingPtr) -> RawDesc {
         let words = self.slot(at).cast::<u64>();
         let mut out = [0u64; WORDS];
         for (i, w) in out.iter_mut().enumerate() {
             // SAFETY: word i < 4 of an in-bounds slot is inside the buffer; the buffer is
             // RING_ALIGN-aligned and slots are 32 bytes apart, so the word is 8-byte
-            // aligned. Volatile, because the card writes this memory by DMA.
+            // aligned. Volatile: the card writes this memory by DMA. (A volatile load of the
+            // whole [u8; 32] compiles to 32 byte loads.)
             *w = unsafe { words.add(i).as_ptr().read_volatile() };
         }
         zerocopy::transmute!(out)
     }
 
-    /// Stores `desc` in slot `at` with four volatile 8-byte stores in address order, so the
-    /// word holding the valid bit is written last.
+    /// Stores `desc` in slot `at` with one volatile 32-byte store. For host-to-card rings,
+    /// where the card reads slots up to the head CSR and ignores the valid bit.
     pub fn write(&mut self, at: RingPtr, desc: &RawDesc) {
-        let words: [u64; WORDS] = zerocopy::transmute!(*desc);
-        for (i, w) in words.into_iter().enumerate() {
-            self.store_word(at, i, w);
-        }
+        self.store(at, desc);
     }
 
     /// Stores `desc` the way the card publishes a card-to-host descriptor: the first three
@@ -190,8 +189,19 @@ impl RingMemory {
 
     /// Zeroes slot `at`.
     pub fn clear(&mut self, at: RingPtr) {
-        for i in 0..WORDS {
-            self.store_word(at, i, 0);
+        self.store(at, &RawDesc::ZERO);
+    }
+
+    /// One volatile store of a whole descriptor into slot `at`.
+    fn store(&mut self, at: RingPtr, desc: &RawDesc) {
+        // SAFETY: the slot is inside the buffer and aligned for RawDesc (see `read`); the
+        // buffer is valid for writes (DmaBuffer::new contract), and `&mut self` excludes
+        // other CPU writers through this value. Volatile: the card reads it by DMA.
+        unsafe {
+            self.slot(at)
+                .cast::<RawDesc>()
+                .as_ptr()
+                .write_volatile(*desc)
         }
     }
 
