@@ -4,10 +4,10 @@
 //! The card reads and writes these bytes by DMA while the CPU runs, so no Rust reference to
 //! them is ever created: every access is a volatile load or store through the raw pointer.
 //! The valid bit is read alone, as one byte load of byte 31, before the descriptor is copied;
-//! a card-style publication writes the last 8-byte word, which holds byte 31, after the rest. Ordering against the card is the rings' job: a
-//! `fence(Acquire)` after a valid bit or tail is observed, a `fence(Release)` before a head or
-//! tail CSR write. On CPUs whose DMA is not coherent within the domain those fences cover,
-//! the platform must add its own barriers.
+//! a card-style publication writes the last 8-byte word, which holds byte 31, after the rest.
+//! Ordering against the card is the rings' job: a `fence(Acquire)` after a valid bit or tail
+//! is observed, a `fence(Release)` before a head or tail CSR write. On CPUs whose DMA is not
+//! coherent within the domain those fences cover, the platform must add its own barriers.
 //!
 //! [`RingSlots`] is the slot interface the rings run on. [`RingMemory`] is its only
 //! implementation in the driver; tests and the loom model provide others.
