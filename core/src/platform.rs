@@ -133,6 +133,17 @@ pub unsafe trait DmaAllocator {
     unsafe fn free(&self, buf: DmaBuffer);
 }
 
+// SAFETY: forwards to `T`, which upholds the obligations.
+unsafe impl<T: DmaAllocator + ?Sized> DmaAllocator for &T {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, PlatformError> {
+        (**self).alloc(len, align)
+    }
+    unsafe fn free(&self, buf: DmaBuffer) {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { (**self).free(buf) }
+    }
+}
+
 /// Resolution of user memory (an MR) to device addresses, with pinning.
 pub trait MemoryResolver {
     /// Pins `[va, va + len)` so that its frames cannot move while registered.

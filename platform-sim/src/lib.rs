@@ -7,7 +7,9 @@
 
 pub use bluerdma_core as core;
 
+pub mod inproc;
 pub mod link;
 pub mod mem;
 pub mod model;
+pub mod rawdrv;
 pub mod rtl;

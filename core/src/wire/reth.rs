@@ -15,7 +15,7 @@ use crate::keys::MrKey;
 pub const RETH_LEN: usize = 16;
 
 /// An RDMA extended transport header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Reth {
     /// Remote virtual address (in the responder's MR).
     pub va: VirtAddr,

@@ -1,6 +1,15 @@
-//! The behavioural model of the card.
+//! The behavioural model of the card (nic-behaviour.md): register file, card side of the
+//! rings, command processing, transmit and receive paths, PSN windows and reports.
 
 pub mod autoack;
+pub mod card;
+mod cmd;
 pub mod regs;
 pub mod rings;
+mod rx;
+pub mod stats;
 pub mod tables;
+mod tx;
+
+pub use card::{CardState, Nic, NicConfig, Shared};
+pub use stats::{NicStats, NicStatsSnapshot};

@@ -5,7 +5,7 @@
 //! address truncation, counters read-only. Anything else is rejected loudly: an error for
 //! the caller, a counter, and a log line.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -35,8 +35,9 @@ pub struct RegisterFile {
     counters: [AtomicU32; Counter::ALL.len()],
     undecoded: AtomicU64,
     last_undecoded: Mutex<Option<UndecodedAccess>>,
-    sleeping: AtomicBool,
-    wake_lock: Mutex<bool>,
+    sleepers: AtomicUsize,
+    /// Doorbell generation: bumped by every wake.
+    wake_lock: Mutex<u64>,
     wake: Condvar,
 }
 
@@ -47,8 +48,8 @@ impl Default for RegisterFile {
             counters: Default::default(),
             undecoded: AtomicU64::new(0),
             last_undecoded: Mutex::new(None),
-            sleeping: AtomicBool::new(false),
-            wake_lock: Mutex::new(false),
+            sleepers: AtomicUsize::new(0),
+            wake_lock: Mutex::new(0),
             wake: Condvar::new(),
         }
     }
@@ -99,6 +100,8 @@ impl RegisterFile {
                     (Direction::HostToCard, RingReg::Head) | (Direction::CardToHost, RingReg::Tail)
                 );
                 if doorbell {
+                    // Pairs with the fence in `sleep_unless` (store-load ordering).
+                    fence(Ordering::SeqCst);
                     self.wake_model();
                 }
                 Ok(())
@@ -139,30 +142,38 @@ impl RegisterFile {
         (self.undecoded.load(Ordering::Relaxed), last)
     }
 
-    /// Wakes the model thread if it sleeps.
+    /// Wakes the model's threads that sleep on the doorbell.
     pub fn wake_model(&self) {
-        if self.sleeping.load(Ordering::Acquire) {
-            if let Ok(mut pending) = self.wake_lock.lock() {
-                *pending = true;
-                self.wake.notify_one();
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            if let Ok(mut generation) = self.wake_lock.lock() {
+                *generation = generation.wrapping_add(1);
+                self.wake.notify_all();
             }
         }
     }
 
-    /// The model thread sleeps until a doorbell or `timeout`.
-    pub fn sleep(&self, timeout: Duration) {
-        let Ok(mut pending) = self.wake_lock.lock() else {
+    /// Sleeps until the next doorbell or `timeout`, unless `has_work` (evaluated after this
+    /// thread is registered as a sleeper) says there is work. Together with the fence in
+    /// [`RegisterFile::write`] this loses no doorbell: either the writer sees a sleeper and
+    /// notifies, or `has_work` sees the write.
+    pub fn sleep_unless(&self, timeout: Duration, has_work: impl Fn() -> bool) {
+        let Ok(generation) = self.wake_lock.lock() else {
             return;
         };
-        self.sleeping.store(true, Ordering::Release);
-        if !*pending {
-            pending = match self.wake.wait_timeout(pending, timeout) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !has_work() {
+            let start = *generation;
+            let _ = self
+                .wake
+                .wait_timeout_while(generation, timeout, |g| *g == start);
         }
-        *pending = false;
-        self.sleeping.store(false, Ordering::Release);
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Sleeps until the next doorbell or `timeout`.
+    pub fn sleep(&self, timeout: Duration) {
+        self.sleep_unless(timeout, || false)
     }
 }
 

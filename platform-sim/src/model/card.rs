@@ -1,0 +1,228 @@
+//! One emulated card: shared state, a transmit thread (command ring, send ring, simple-NIC
+//! TX) and a receive thread (link, receive checks, DMA writes, meta reports, PSN windows,
+//! simple-NIC RX).
+//!
+//! The transmit thread sleeps on the doorbell (a head write of a host-to-card ring); the
+//! receive thread blocks on the link with a timeout set by its pending work (a full ring, a
+//! quiet timer). Neither spins when there is nothing to do.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use bluerdma_core::addr::{DeviceAddr, PageSize};
+use bluerdma_core::desc::cmd::SetNetworkParam;
+use bluerdma_core::desc::RawDesc;
+use bluerdma_core::keys::QP_TABLE_LEN;
+use bluerdma_core::regs::RingId;
+
+use super::autoack::AckWindow;
+use super::regs::RegisterFile;
+use super::rings;
+use super::rx::RxEngine;
+use super::stats::NicStats;
+use super::tables::Tables;
+use super::tx::TxEngine;
+use crate::link::LinkPort;
+use crate::mem::DmaPort;
+
+/// How an emulated card behaves where the contract leaves a choice.
+#[derive(Clone, Debug)]
+pub struct NicConfig {
+    /// A name for logs and thread names (e.g. "blue0").
+    pub name: String,
+    /// Translation page size; the driver must be configured alike (correction 8).
+    pub page_size: PageSize,
+    /// Add the protection-domain check the card lacks (correction 10).
+    pub strict: bool,
+    /// How long a QP's receive window must be quiet before the timer report (the RTL's
+    /// 5000 cycles are 10 us at its 2 ns clock).
+    pub quiet_timeout: Duration,
+}
+
+impl Default for NicConfig {
+    fn default() -> Self {
+        Self {
+            name: "blue".into(),
+            page_size: PageSize::Size2M,
+            strict: false,
+            quiet_timeout: Duration::from_micros(10),
+        }
+    }
+}
+
+/// State both threads share (tables, windows, network parameters).
+pub struct CardState {
+    /// MR table, page table and QP contexts.
+    pub tables: Tables,
+    /// PSN windows per QP index.
+    pub windows: Vec<AckWindow>,
+    /// Indices whose window has unreported merges (the quiet timer's work list).
+    pub quiet_pending: Vec<u32>,
+    /// Network parameters; `None` until SetNetworkParam (the card drops all traffic then).
+    pub net: Option<SetNetworkParam>,
+    /// Simple-NIC RX buffer.
+    pub raw_rx_base: Option<DeviceAddr>,
+    /// Next simple-NIC RX slot.
+    pub raw_rx_slot: u32,
+    /// The PD of each QP index as the driver declared it (strict mode only; the card has
+    /// no such field, see the README's deviations).
+    pub qp_pd: Vec<u32>,
+}
+
+impl CardState {
+    fn new(page: PageSize) -> Self {
+        Self {
+            tables: Tables::new(page),
+            windows: vec![AckWindow::default(); QP_TABLE_LEN as usize],
+            quiet_pending: Vec::new(),
+            net: None,
+            raw_rx_base: None,
+            raw_rx_slot: 0,
+            qp_pd: vec![0; QP_TABLE_LEN as usize],
+        }
+    }
+
+    /// Resets the PSN window of QP index `index` (ManageQp).
+    pub fn reset_window(&mut self, index: u32) {
+        if let Some(w) = self.windows.get_mut(index as usize) {
+            w.reset();
+        }
+        self.quiet_pending.retain(|i| *i != index);
+    }
+
+    /// The card's own IPv4 address, once configured.
+    pub fn local_ip(&self) -> Option<Ipv4Addr> {
+        self.net.map(|n| n.ip)
+    }
+}
+
+/// Everything both threads of a card share.
+pub struct Shared {
+    /// The register file the driver writes.
+    pub regs: Arc<RegisterFile>,
+    /// Tables and windows.
+    pub state: Mutex<CardState>,
+    /// Counters.
+    pub stats: NicStats,
+    /// Configuration.
+    pub config: NicConfig,
+    /// Time origin of the card (ns timestamps are relative to it).
+    pub epoch: Instant,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    /// Locks the card state (a poisoned lock is taken over: the state is plain data).
+    pub fn state(&self) -> MutexGuard<'_, CardState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Nanoseconds since the card started.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Whether the card is shutting down.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Writes descriptors to a card-to-host ring, waiting while it is full (the card never
+    /// drops a report). Gives up only when the card stops.
+    pub fn produce_blocking(&self, dma: &mut dyn DmaPort, id: RingId, descs: &[RawDesc]) {
+        let mut waited = false;
+        loop {
+            match rings::produce(&self.regs, dma, id, descs) {
+                Ok(true) => return,
+                Ok(false) => {
+                    if !waited {
+                        NicStats::bump(&self.stats.backpressure_waits);
+                        waited = true;
+                    }
+                    if self.stopping() {
+                        return;
+                    }
+                    self.regs.sleep(Duration::from_micros(50));
+                }
+                Err(e) => {
+                    NicStats::bump(&self.stats.dma_faults);
+                    log::error!("{}: {id:?} ring write failed: {e}", self.config.name);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A running emulated card. Dropping it stops both threads.
+pub struct Nic {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Nic {
+    /// Starts a card on `regs`, reaching host memory through the two DMA ports (one per
+    /// thread) and the world through `link`.
+    pub fn spawn(
+        config: NicConfig,
+        regs: Arc<RegisterFile>,
+        tx_dma: Box<dyn DmaPort>,
+        rx_dma: Box<dyn DmaPort>,
+        link: Box<dyn LinkPort>,
+    ) -> std::io::Result<Nic> {
+        let shared = Arc::new(Shared {
+            regs,
+            state: Mutex::new(CardState::new(config.page_size)),
+            stats: NicStats::default(),
+            epoch: Instant::now(),
+            stop: AtomicBool::new(false),
+            config,
+        });
+        let sender = link.sender()?;
+        let mut tx = TxEngine::new(Arc::clone(&shared), tx_dma, sender);
+        let mut rx = RxEngine::new(Arc::clone(&shared), rx_dma, link);
+        let name = shared.config.name.clone();
+        let threads = vec![
+            thread::Builder::new()
+                .name(format!("{name}-tx"))
+                .spawn(move || tx.run())?,
+            thread::Builder::new()
+                .name(format!("{name}-rx"))
+                .spawn(move || rx.run())?,
+        ];
+        Ok(Nic { shared, threads })
+    }
+
+    /// The card's counters.
+    pub fn stats(&self) -> &NicStats {
+        &self.shared.stats
+    }
+
+    /// The card's register file.
+    pub fn regs(&self) -> &Arc<RegisterFile> {
+        &self.shared.regs
+    }
+
+    /// The shared state (for state dumps and tests).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops both threads and waits for them.
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.regs.wake_model();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Nic {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

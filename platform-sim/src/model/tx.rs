@@ -1,0 +1,421 @@
+//! The transmit thread: command ring, send ring and simple-NIC TX ring
+//! (nic-behaviour.md sections 1 and 5).
+//!
+//! Each work request (Seg0 + Seg1) becomes packets cut at PMTU-aligned *remote* addresses
+//! with consecutive PSNs from Seg0.psn; headers follow the card's wire profile; the payload
+//! is read through the MR table of Seg1.lkey (by index only: the card checks nothing on
+//! transmit). All frames ready in one pass go to the link in one call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bluerdma_core::addr::VirtAddr;
+use bluerdma_core::desc::send::{SendFlags, SendRequest, WorkReqOpcode};
+use bluerdma_core::desc::simple_nic::SimpleNicTx;
+use bluerdma_core::desc::RawDesc;
+use bluerdma_core::mac::MacAddr;
+use bluerdma_core::regs::{RingId, RingReg};
+use bluerdma_core::wire::packet::udp_src_port_for;
+use bluerdma_core::wire::{
+    Bth, FrameEnvelope, Ieth, ImmDt, PacketHeaders, RdmaOpcode, Reth, RocePacket, Rreth,
+};
+
+use super::card::Shared;
+use super::cmd;
+use super::rings;
+use super::stats::NicStats;
+use crate::link::FrameSender;
+use crate::mem::DmaPort;
+
+/// Descriptors fetched from a ring per pass.
+const FETCH_BATCH: usize = 64;
+/// Largest frame the simple NIC transmits (a jumbo frame).
+const MAX_SIMPLE_FRAME: usize = 9216;
+
+/// The transmit side of one card.
+pub struct TxEngine {
+    shared: Arc<Shared>,
+    dma: Box<dyn DmaPort>,
+    link: Box<dyn FrameSender>,
+    descs: Vec<RawDesc>,
+    /// Send-ring descriptors of a WQE whose has_next chain is not complete yet.
+    partial: Vec<RawDesc>,
+    frames: Vec<Vec<u8>>,
+    payload: Vec<u8>,
+}
+
+impl TxEngine {
+    /// A transmit engine over the card's shared state.
+    pub fn new(shared: Arc<Shared>, dma: Box<dyn DmaPort>, link: Box<dyn FrameSender>) -> Self {
+        Self {
+            shared,
+            dma,
+            link,
+            descs: Vec::with_capacity(FETCH_BATCH),
+            partial: Vec::new(),
+            frames: Vec::new(),
+            payload: Vec::new(),
+        }
+    }
+
+    /// Runs until the card stops.
+    pub fn run(&mut self) {
+        while !self.shared.stopping() {
+            if !self.step() {
+                let regs = Arc::clone(&self.shared.regs);
+                regs.sleep_unless(Duration::from_millis(100), || {
+                    [RingId::CmdRequest, RingId::Send(0), RingId::SimpleNicTx]
+                        .iter()
+                        .any(|&id| regs.ring(id, RingReg::Head) != regs.ring(id, RingReg::Tail))
+                });
+            }
+        }
+    }
+
+    /// One pass over the three host-to-card rings; returns whether there was work.
+    pub fn step(&mut self) -> bool {
+        let mut work = self.commands();
+        work |= self.send_ring();
+        work |= self.simple_tx();
+        self.flush_frames();
+        work
+    }
+
+    fn fetch(&mut self, id: RingId) -> usize {
+        self.descs.clear();
+        match rings::fetch(&self.shared.regs, &mut *self.dma, id, &mut self.descs, FETCH_BATCH) {
+            Ok(n) => n,
+            Err(e) => {
+                NicStats::bump(&self.shared.stats.dma_faults);
+                log::error!("{}: {id:?} ring fetch failed: {e}", self.shared.config.name);
+                0
+            }
+        }
+    }
+
+    fn commands(&mut self) -> bool {
+        if self.fetch(RingId::CmdRequest) == 0 {
+            return false;
+        }
+        let descs = std::mem::take(&mut self.descs);
+        for d in &descs {
+            let response = {
+                let mut state = self.shared.state();
+                cmd::execute(&mut state, &mut *self.dma, &self.shared.stats, d)
+            };
+            if let Some(r) = response {
+                self.shared
+                    .produce_blocking(&mut *self.dma, RingId::CmdResponse, &[r]);
+            }
+        }
+        self.descs = descs;
+        true
+    }
+
+    fn send_ring(&mut self) -> bool {
+        if self.fetch(RingId::Send(0)) == 0 {
+            return false;
+        }
+        let descs = std::mem::take(&mut self.descs);
+        for d in &descs {
+            self.partial.push(*d);
+            if d.has_next() {
+                continue;
+            }
+            // A WQE is exactly Seg0 (has_next) + Seg1 (correction 6). The RTL pairs the last
+            // two of any chain (C10); the model refuses a malformed chain instead.
+            if self.partial.len() == 2 {
+                match SendRequest::decode(&self.partial[0], &self.partial[1]) {
+                    Ok(req) => self.wqe(&req),
+                    Err(e) => {
+                        NicStats::bump(&self.shared.stats.bad_wqes);
+                        log::error!("{}: bad send WQE: {e}", self.shared.config.name);
+                    }
+                }
+            } else {
+                NicStats::bump(&self.shared.stats.bad_wqes);
+                log::error!(
+                    "{}: send-ring chain of {} descriptors is not Seg0+Seg1; dropped",
+                    self.shared.config.name,
+                    self.partial.len()
+                );
+            }
+            self.partial.clear();
+        }
+        self.descs = descs;
+        true
+    }
+
+    /// Packetises one work request (nic-behaviour.md 1.2-1.4).
+    fn wqe(&mut self, req: &SendRequest) {
+        let shared = Arc::clone(&self.shared);
+        let stats = &shared.stats;
+        NicStats::bump(&stats.wqes);
+        let (s0, s1) = (&req.seg0, &req.seg1);
+        let op = s0.op;
+        let payload_op = matches!(
+            op,
+            WorkReqOpcode::Write
+                | WorkReqOpcode::WriteWithImm
+                | WorkReqOpcode::Send
+                | WorkReqOpcode::SendWithImm
+                | WorkReqOpcode::SendWithInv
+                | WorkReqOpcode::ReadResp
+        );
+        if !payload_op && op != WorkReqOpcode::Read {
+            NicStats::bump(&stats.bad_wqes);
+            log::error!("{}: WQE op {op:?} is not supported", self.shared.config.name);
+            return;
+        }
+        let (net_mac, net_ip) = {
+            let state = self.shared.state();
+            match state.net {
+                Some(n) => (n.mac, n.ip),
+                None => (MacAddr::default(), std::net::Ipv4Addr::UNSPECIFIED),
+            }
+        };
+        let envelope = FrameEnvelope::new(net_mac, s1.mac, net_ip, s0.dqp_ip, udp_src_port_for(s1.sqpn));
+        let flags = s0.flags;
+        let mut bth = Bth::new(RdmaOpcode::Acknowledge, s0.dqpn, s0.psn);
+        bth.solicited = flags.contains(SendFlags::SOLICITED);
+        bth.ack_req = flags.contains(SendFlags::SIGNALED);
+        bth.is_retry = s1.is_retry;
+        bth.msn = s0.msn;
+
+        if op == WorkReqOpcode::Read || s1.len == 0 {
+            // One payload-less packet with PSN = Seg0.psn.
+            let opcode = opcode_for(op, s1.is_first, s1.is_last);
+            let mut h = PacketHeaders::new(Bth { opcode, ..bth });
+            h.reth = Some(Reth {
+                va: s0.raddr,
+                rkey: s0.rkey,
+                dma_len: s0.total_len,
+            });
+            if op == WorkReqOpcode::Read {
+                h.rreth = Some(Rreth {
+                    va: s1.laddr,
+                    lkey: s1.lkey,
+                });
+            }
+            self.add_imm(&mut h, op, s1.imm);
+            self.emit(envelope, h, 0);
+            return;
+        }
+
+        let pmtu = s1.pmtu.bytes() as u64;
+        let a = s0.raddr.0;
+        let len = s1.len as u64;
+        let Some(last_byte) = a.checked_add(len - 1) else {
+            NicStats::bump(&stats.bad_wqes);
+            log::error!("{}: remote range wraps the address space", self.shared.config.name);
+            return;
+        };
+        // Payload of the whole chunk, read through the sender's MR table.
+        self.payload.clear();
+        self.payload.resize(len as usize, 0);
+        let lkey_index = s1.lkey.index();
+        let mut fault = None;
+        {
+            let state = self.shared.state();
+            if !state.tables.mr(lkey_index).valid {
+                drop(state);
+                NicStats::bump(&stats.bad_wqes);
+                log::error!(
+                    "{}: lkey {:#x} has no valid MR entry (the RTL would stop here)",
+                    self.shared.config.name,
+                    s1.lkey.get()
+                );
+                return;
+            }
+            let payload = &mut self.payload;
+            let dma = &mut *self.dma;
+            state.tables.translate(lkey_index, s1.laddr.0, len, |dev, off, plen| {
+                if fault.is_none() {
+                    let dst = &mut payload[off as usize..(off + plen) as usize];
+                    if let Err(e) = dma.read(dev, dst) {
+                        fault = Some(e);
+                    }
+                }
+            });
+        }
+        if let Some(e) = fault {
+            NicStats::bump(&stats.dma_faults);
+            log::error!("{}: payload read failed: {e}", self.shared.config.name);
+            return;
+        }
+
+        let n = (last_byte / pmtu) - (a / pmtu) + 1;
+        let mut start = a;
+        let mut psn = s0.psn;
+        for k in 0..n {
+            let end = if k + 1 == n {
+                a + len
+            } else {
+                (start / pmtu + 1) * pmtu
+            };
+            let first = s1.is_first && k == 0;
+            let last = s1.is_last && k + 1 == n;
+            let opcode = opcode_for(op, first, last);
+            let mut h = PacketHeaders::new(Bth {
+                opcode,
+                psn,
+                ..bth
+            });
+            let plen = end - start;
+            h.reth = Some(Reth {
+                va: VirtAddr(start),
+                rkey: s0.rkey,
+                dma_len: if opcode.is_first() || opcode.is_only() {
+                    s0.total_len
+                } else {
+                    plen as u32
+                },
+            });
+            if last {
+                self.add_imm(&mut h, op, s1.imm);
+            }
+            let off = (start - a) as usize;
+            self.emit(envelope, h, off..off + plen as usize);
+            NicStats::add(&stats.tx_payload_bytes, plen);
+            start = end;
+            psn = (psn + 1) & 0x00FF_FFFF;
+        }
+    }
+
+    fn add_imm(&self, h: &mut PacketHeaders, op: WorkReqOpcode, imm: u32) {
+        let opcode = h.bth.opcode;
+        if !(opcode.is_last() || opcode.is_only()) {
+            return;
+        }
+        match op {
+            WorkReqOpcode::WriteWithImm | WorkReqOpcode::SendWithImm => h.imm = Some(ImmDt(imm)),
+            WorkReqOpcode::SendWithInv => {
+                h.ieth = Some(Ieth {
+                    rkey: bluerdma_core::keys::MrKey::from_raw(imm),
+                })
+            }
+            _ => {}
+        }
+    }
+
+    fn emit(&mut self, envelope: FrameEnvelope, headers: PacketHeaders, payload: impl PayloadRange) {
+        let packet = RocePacket { envelope, headers };
+        let bytes = payload.slice(&self.payload);
+        let mut frame = vec![0u8; packet.frame_len(bytes.len())];
+        match packet.emit_frame(bytes, &mut frame) {
+            Ok(n) => {
+                frame.truncate(n);
+                self.frames.push(frame);
+                NicStats::bump(&self.shared.stats.tx_packets);
+            }
+            Err(e) => {
+                NicStats::bump(&self.shared.stats.bad_wqes);
+                log::error!("{}: cannot build packet: {e}", self.shared.config.name);
+            }
+        }
+    }
+
+    fn simple_tx(&mut self) -> bool {
+        if self.fetch(RingId::SimpleNicTx) == 0 {
+            return false;
+        }
+        let descs = std::mem::take(&mut self.descs);
+        for d in &descs {
+            let tx = SimpleNicTx::decode(d);
+            let len = tx.len as usize;
+            if len == 0 || len > MAX_SIMPLE_FRAME {
+                NicStats::bump(&self.shared.stats.bad_wqes);
+                log::error!("{}: simple-NIC frame of {len} bytes refused", self.shared.config.name);
+                continue;
+            }
+            let mut frame = vec![0u8; len];
+            match self.dma.read(tx.addr, &mut frame) {
+                Ok(()) => {
+                    self.frames.push(frame);
+                    NicStats::bump(&self.shared.stats.simple_tx);
+                }
+                Err(e) => {
+                    NicStats::bump(&self.shared.stats.dma_faults);
+                    log::error!("{}: simple-NIC frame read failed: {e}", self.shared.config.name);
+                }
+            }
+        }
+        self.descs = descs;
+        true
+    }
+
+    fn flush_frames(&mut self) {
+        if self.frames.is_empty() {
+            return;
+        }
+        let refs: Vec<&[u8]> = self.frames.iter().map(Vec::as_slice).collect();
+        if let Err(e) = self.link.send_frames(&refs) {
+            log::error!("{}: link send failed: {e}", self.shared.config.name);
+        }
+        self.frames.clear();
+    }
+}
+
+/// Where a packet's payload lies in the chunk buffer.
+trait PayloadRange {
+    fn slice(self, buf: &[u8]) -> &[u8];
+}
+
+impl PayloadRange for usize {
+    fn slice(self, _buf: &[u8]) -> &[u8] {
+        &[]
+    }
+}
+
+impl PayloadRange for std::ops::Range<usize> {
+    fn slice(self, buf: &[u8]) -> &[u8] {
+        buf.get(self).unwrap_or(&[])
+    }
+}
+
+/// The BTH opcode of a packet (nic-behaviour.md 1.2 table).
+fn opcode_for(op: WorkReqOpcode, first: bool, last: bool) -> RdmaOpcode {
+    use RdmaOpcode as R;
+    use WorkReqOpcode as W;
+    match (op, first, last) {
+        (W::Read, _, _) => R::ReadRequest,
+        (W::Write, true, true) => R::WriteOnly,
+        (W::Write, true, false) => R::WriteFirst,
+        (W::Write | W::WriteWithImm, false, false) => R::WriteMiddle,
+        (W::Write, false, true) => R::WriteLast,
+        (W::WriteWithImm, true, true) => R::WriteOnlyWithImm,
+        (W::WriteWithImm, true, false) => R::WriteFirst,
+        (W::WriteWithImm, false, true) => R::WriteLastWithImm,
+        (W::Send, true, true) => R::SendOnly,
+        (W::Send | W::SendWithImm | W::SendWithInv, true, false) => R::SendFirst,
+        (W::Send | W::SendWithImm | W::SendWithInv, false, false) => R::SendMiddle,
+        (W::Send, false, true) => R::SendLast,
+        (W::SendWithImm, true, true) => R::SendOnlyWithImm,
+        (W::SendWithImm, false, true) => R::SendLastWithImm,
+        (W::SendWithInv, true, true) => R::SendOnlyWithInvalidate,
+        (W::SendWithInv, false, true) => R::SendLastWithInvalidate,
+        (W::ReadResp, true, true) => R::ReadResponseOnly,
+        (W::ReadResp, true, false) => R::ReadResponseFirst,
+        (W::ReadResp, false, false) => R::ReadResponseMiddle,
+        (W::ReadResp, false, true) => R::ReadResponseLast,
+        _ => R::Unknown(0xFF),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opcode_table_matches_the_rtl() {
+        use RdmaOpcode as R;
+        use WorkReqOpcode as W;
+        assert_eq!(opcode_for(W::Write, true, true), R::WriteOnly);
+        assert_eq!(opcode_for(W::WriteWithImm, false, true), R::WriteLastWithImm);
+        assert_eq!(opcode_for(W::WriteWithImm, true, false), R::WriteFirst);
+        assert_eq!(opcode_for(W::SendWithImm, false, false), R::SendMiddle);
+        assert_eq!(opcode_for(W::ReadResp, false, true), R::ReadResponseLast);
+        assert_eq!(opcode_for(W::Read, false, false), R::ReadRequest);
+        assert_eq!(opcode_for(W::SendWithInv, true, true).raw(), 0x17);
+    }
+}
