@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, UdpSocket};
 use std::path::PathBuf;
 use std::process::Command;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use bluerdma_sim::link::{
@@ -101,7 +102,7 @@ fn refs(frames: &[Vec<u8>]) -> Vec<&[u8]> {
 }
 
 /// Receives until `want` frames arrived or two seconds passed.
-fn recv_frames_until(port: &mut impl LinkPort, want: usize) -> Vec<Vec<u8>> {
+fn recv_frames_until(port: &mut (impl LinkPort + ?Sized), want: usize) -> Vec<Vec<u8>> {
     let deadline = Instant::now() + Duration::from_secs(2);
     let mut got = Vec::new();
     while got.len() < want && Instant::now() < deadline {
@@ -562,4 +563,365 @@ fn tshark_fields(path: &std::path::Path, fields: &[&str]) -> Option<Vec<String>>
             .map(str::to_string)
             .collect(),
     )
+}
+
+// ---------------------------------------------------------------------------------------
+// Second transmit handles (LinkPort::sender)
+// ---------------------------------------------------------------------------------------
+
+/// Byte 10 (inside the source MAC, before anything fault injection touches) says which
+/// handle of card A sent a frame.
+const HANDLE_BYTE: usize = 10;
+
+/// Frame `n` of handle `handle` of card A, for B.
+fn handle_frame(handle: u8, n: u32, len: usize) -> Vec<u8> {
+    let mut f = numbered_frame(CARD_A, CARD_B, n, len);
+    f[HANDLE_BYTE] = handle;
+    f
+}
+
+/// The frames of `handle`, in the order they arrived.
+fn of_handle(frames: &[Vec<u8>], handle: u8) -> Vec<Vec<u8>> {
+    frames
+        .iter()
+        .filter(|f| f[HANDLE_BYTE] == handle)
+        .cloned()
+        .collect()
+}
+
+/// A's port waits in `recv_frames` on one thread while A's sender transmits 300 frames
+/// from another; B gets every one intact and in order while A still waits, then answers,
+/// which wakes A's receive thread. Both directions count in A's one set of counters.
+fn sender_transmits_while_the_port_waits(mut a: Box<dyn LinkPort>, mut b: Box<dyn LinkPort>) {
+    let mut tx = a.sender().expect("sender");
+    let receiver = thread::spawn(move || {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.is_empty() && Instant::now() < deadline {
+            a.recv_frames(Duration::from_secs(10), &mut |f| got.push(f.to_vec()))
+                .expect("recv_frames on A");
+        }
+        (a, got)
+    });
+    // Let the receive thread reach its wait.
+    thread::sleep(Duration::from_millis(20));
+    let frames: Vec<Vec<u8>> = (0..300).map(|n| handle_frame(1, n, 700)).collect();
+    let to_send = frames.clone();
+    let sending = thread::spawn(move || {
+        for chunk in to_send.chunks(30) {
+            tx.send_frames(&refs(chunk))
+                .expect("send through the sender");
+        }
+        tx
+    });
+    let tx = sending.join().unwrap();
+    let got_b = recv_frames_until(&mut b, frames.len());
+    assert!(
+        !receiver.is_finished(),
+        "A's receive thread is still waiting for its frame"
+    );
+    assert_eq!(got_b.len(), frames.len(), "stats of B: {:?}", b.stats());
+    assert!(got_b == frames, "frames changed or reordered on the way");
+
+    let reply = numbered_frame(CARD_B, CARD_A, 9, 10);
+    b.send_frames(&[&reply]).unwrap();
+    let (a, got_a) = receiver.join().unwrap();
+    assert_eq!(got_a, [reply]);
+    let s = a.stats().snapshot();
+    assert_eq!((s.frames_sent, s.frames_received), (300, 1), "{s:?}");
+    assert_eq!(b.stats().snapshot().frames_received, 300);
+    drop(tx);
+}
+
+#[test]
+fn udp_sender_transmits_while_the_port_waits_in_recv() {
+    let (a, b) = udp_pair();
+    sender_transmits_while_the_port_waits(Box::new(a), Box::new(b));
+}
+
+#[test]
+fn mem_sender_transmits_while_the_port_waits_in_recv() {
+    let hub = MemHub::new();
+    let a = hub.attach(CARD_A).unwrap();
+    let b = hub.attach(CARD_B).unwrap();
+    sender_transmits_while_the_port_waits(Box::new(a), Box::new(b));
+}
+
+#[test]
+fn wrapped_sender_transmits_while_the_port_waits_in_recv() {
+    let (a, b) = udp_pair();
+    let sink = PcapSink::new(std::io::sink()).unwrap();
+    let a = CapturingLink::new(
+        FaultyLink::new(a, FaultConfig::none()).unwrap(),
+        sink.clone(),
+        CaptureDirection::Both,
+    );
+    sender_transmits_while_the_port_waits(Box::new(a), Box::new(b));
+    // 300 frames sent through the sender, 1 received by the port.
+    assert_eq!(sink.frames().unwrap(), 301);
+}
+
+/// The port (handle 0) and its sender (handle 1) each send `count` frames from their own
+/// thread at once, in batches of 25, while B receives on a third; returns what B got.
+fn both_handles_at_once(a: &mut dyn LinkPort, b: &mut dyn LinkPort, count: u32) -> Vec<Vec<u8>> {
+    let frames =
+        |handle: u8| -> Vec<Vec<u8>> { (0..count).map(|n| handle_frame(handle, n, 200)).collect() };
+    let (port_frames, sender_frames) = (frames(0), frames(1));
+    let mut sender = a.sender().unwrap();
+    thread::scope(|s| {
+        s.spawn(|| {
+            for chunk in port_frames.chunks(25) {
+                a.send_frames(&refs(chunk)).expect("send through the port");
+            }
+        });
+        s.spawn(|| {
+            for chunk in sender_frames.chunks(25) {
+                sender
+                    .send_frames(&refs(chunk))
+                    .expect("send through the sender");
+            }
+        });
+        recv_frames_until(b, 2 * count as usize)
+    })
+}
+
+#[test]
+fn port_and_sender_transmit_at_once_each_in_order() {
+    let count = 1000;
+    let (mut a, mut b) = udp_pair();
+    let got = both_handles_at_once(&mut a, &mut b, count);
+    let hub = MemHub::new();
+    let mut mem_a = hub.attach(CARD_A).unwrap();
+    let mut mem_b = hub.attach(CARD_B).unwrap();
+    let mem_got = both_handles_at_once(&mut mem_a, &mut mem_b, count);
+    for (got, stats) in [(got, a.stats()), (mem_got, mem_a.stats())] {
+        assert_eq!(got.len(), 2 * count as usize, "{stats:?}");
+        for handle in [0, 1] {
+            let expected: Vec<Vec<u8>> = (0..count).map(|n| handle_frame(handle, n, 200)).collect();
+            assert!(
+                of_handle(&got, handle) == expected,
+                "handle {handle}: frames changed or reordered"
+            );
+        }
+        assert_eq!(stats.snapshot().frames_sent, 2 * u64::from(count));
+    }
+}
+
+/// What B receives from one handle whose frames `frames` meet the decisions of `config`,
+/// as the fault module documents them; a frame still held at the end is released last.
+fn expected_under_faults(config: &FaultConfig, frames: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut held: Option<(Vec<u8>, usize)> = None;
+    for (i, frame) in frames.iter().enumerate() {
+        let d = config.decide(i as u64, frame.len());
+        if d.drop {
+            continue;
+        }
+        let mut bytes = frame.clone();
+        if let Some((offset, mask)) = d.corrupt {
+            bytes[offset] ^= mask;
+        }
+        let copies = if d.duplicate { 2 } else { 1 };
+        if let Some((h, h_copies)) = held.take() {
+            out.extend(std::iter::repeat_n(bytes, copies));
+            out.extend(std::iter::repeat_n(h, h_copies));
+        } else if d.reorder {
+            held = Some((bytes, copies));
+        } else {
+            out.extend(std::iter::repeat_n(bytes, copies));
+        }
+    }
+    out.extend(
+        held.into_iter()
+            .flat_map(|(h, n)| std::iter::repeat_n(h, n)),
+    );
+    out
+}
+
+/// Port and sender of a `FaultyLink` send 400 frames each from two threads at once.
+/// Returns what B got from each handle and A's counters.
+fn faulty_handles_at_once(config: FaultConfig) -> ([Vec<Vec<u8>>; 2], LinkStatsSnapshot) {
+    let count = 400;
+    let hub = MemHub::new();
+    let mut a = FaultyLink::new(hub.attach(CARD_A).unwrap(), config).unwrap();
+    let mut b = hub.attach(CARD_B).unwrap();
+    let mut sender = a.sender().unwrap();
+    let handle_frames =
+        |handle: u8| -> Vec<Vec<u8>> { (0..count).map(|n| handle_frame(handle, n, 64)).collect() };
+    let (port_frames, sender_frames) = (handle_frames(0), handle_frames(1));
+    thread::scope(|s| {
+        s.spawn(|| {
+            for chunk in port_frames.chunks(7) {
+                a.send_frames(&refs(chunk)).unwrap();
+            }
+        });
+        s.spawn(|| {
+            for chunk in sender_frames.chunks(11) {
+                sender.send_frames(&refs(chunk)).unwrap();
+                thread::yield_now();
+            }
+        });
+    });
+    // Frames still held by either handle go at the port's first poll after the hold limit.
+    thread::sleep(Duration::from_millis(2));
+    a.recv_frames(Duration::ZERO, &mut |_| {}).unwrap();
+    let mut got = Vec::new();
+    b.recv_frames(Duration::ZERO, &mut |f| got.push(f.to_vec()))
+        .unwrap();
+    (
+        [of_handle(&got, 0), of_handle(&got, 1)],
+        a.stats().snapshot(),
+    )
+}
+
+#[test]
+fn faults_apply_to_the_sender_with_its_own_seeded_sequence() {
+    let config: FaultConfig = "drop=0.1,dup=0.05,reorder=0.05,corrupt=0.05,seed=2024"
+        .parse()
+        .unwrap();
+    let ([port_got, sender_got], stats) = faulty_handles_at_once(config);
+    let frames =
+        |handle: u8| -> Vec<Vec<u8>> { (0..400).map(|n| handle_frame(handle, n, 64)).collect() };
+    // Each handle meets exactly the decisions of its own sequence, however the two
+    // threads interleaved: the port those of the seed, the sender those of handle 1.
+    assert!(
+        port_got == expected_under_faults(&config, &frames(0)),
+        "port"
+    );
+    let sender_config = config.for_handle(1);
+    assert_eq!(sender_config.drop, config.drop);
+    assert_ne!(sender_config.seed, config.seed);
+    assert!(
+        sender_got == expected_under_faults(&sender_config, &frames(1)),
+        "sender"
+    );
+    // The sender's faults count in the port's counters.
+    let decided = |c: &FaultConfig| -> [u64; 3] {
+        let ds: Vec<_> = (0..400).map(|i| c.decide(i, 64)).collect();
+        [
+            ds.iter().filter(|d| d.drop).count() as u64,
+            ds.iter().filter(|d| d.duplicate).count() as u64,
+            ds.iter().filter(|d| d.corrupt.is_some()).count() as u64,
+        ]
+    };
+    let (p, s) = (decided(&config), decided(&sender_config));
+    assert_eq!(
+        [
+            stats.frames_dropped,
+            stats.frames_duplicated,
+            stats.frames_corrupted
+        ],
+        [p[0] + s[0], p[1] + s[1], p[2] + s[2]]
+    );
+    assert!(
+        s[0] > 10 && s[1] > 5 && s[2] > 5,
+        "the sender met faults: {s:?}"
+    );
+    assert_eq!(
+        stats.frames_sent,
+        (port_got.len() + sender_got.len()) as u64
+    );
+    // And the same seed replays the same streams.
+    let (again, _) = faulty_handles_at_once(config);
+    assert!(again == [port_got, sender_got], "same seed, same streams");
+}
+
+#[test]
+fn a_frame_held_by_the_sender_is_released_when_the_port_polls() {
+    let hub = MemHub::new();
+    let config: FaultConfig = "reorder=1,seed=1".parse().unwrap();
+    let mut a = FaultyLink::new(hub.attach(CARD_A).unwrap(), config)
+        .unwrap()
+        .with_hold_limit(Duration::from_millis(5));
+    let mut b = hub.attach(CARD_B).unwrap();
+    let mut sender = a.sender().unwrap();
+    let only = handle_frame(1, 1, 8);
+    // The sender lives on: a frame held by a dropped sender is lost.
+    let _sender = thread::spawn(move || {
+        sender.send_frames(&[&only]).unwrap();
+        sender
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        b.recv_frames(Duration::ZERO, &mut |_| {}).unwrap(),
+        0,
+        "held"
+    );
+    let start = Instant::now();
+    // The port's wait ends at the sender's hold limit, and the frame goes.
+    a.recv_frames(Duration::from_secs(5), &mut |_| {}).unwrap();
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_eq!(recv_frames_until(&mut b, 1), [handle_frame(1, 1, 8)]);
+    assert_eq!(a.stats().snapshot().frames_reordered, 0);
+}
+
+#[test]
+fn senders_of_a_stack_go_through_every_layer_in_order() {
+    // Capture above the faults records what the card sent; below them, what went out.
+    let hub = MemHub::new();
+    let drop_all: FaultConfig = "drop=1,seed=3".parse().unwrap();
+    let (above, below) = (
+        PcapSink::new(std::io::sink()).unwrap(),
+        PcapSink::new(std::io::sink()).unwrap(),
+    );
+    let a = CapturingLink::new(
+        FaultyLink::new(
+            CapturingLink::new(
+                hub.attach(CARD_A).unwrap(),
+                below.clone(),
+                CaptureDirection::Transmit,
+            ),
+            drop_all,
+        )
+        .unwrap(),
+        above.clone(),
+        CaptureDirection::Transmit,
+    );
+    let mut b = hub.attach(CARD_B).unwrap();
+    let mut sender = a.sender().unwrap();
+    let frames: Vec<Vec<u8>> = (0..5).map(|n| handle_frame(1, n, 32)).collect();
+    thread::scope(|s| {
+        s.spawn(|| sender.send_frames(&refs(&frames)).unwrap());
+    });
+    assert_eq!(above.frames().unwrap(), 5);
+    assert_eq!(below.frames().unwrap(), 0);
+    assert_eq!(b.recv_frames(Duration::ZERO, &mut |_| {}).unwrap(), 0);
+    let s = a.stats().snapshot();
+    assert_eq!((s.frames_dropped, s.frames_sent), (5, 0));
+}
+
+#[test]
+fn a_shared_sink_records_the_senders_frames_once_each() {
+    let path = capture_path("link-sender.pcap");
+    let frames: Vec<Vec<u8>> = (0..20).map(|n| handle_frame(1, n, 40)).collect();
+    let reply = numbered_frame(CARD_B, CARD_A, 99, 8);
+    {
+        let sink = PcapSink::create(&path).unwrap();
+        let (a, b) = udp_pair();
+        let mut a = CapturingLink::new(a, sink.clone(), CaptureDirection::Transmit);
+        let mut b = CapturingLink::new(b, sink.clone(), CaptureDirection::Transmit);
+        let mut sender = a.sender().unwrap();
+        thread::scope(|s| {
+            s.spawn(|| {
+                for chunk in frames.chunks(4) {
+                    sender.send_frames(&refs(chunk)).unwrap();
+                }
+            });
+            // Meanwhile the port waits for B's answer, which B sends once it has all 20.
+            s.spawn(|| {
+                assert_eq!(recv_frames_until(&mut b, 20), frames);
+                b.send_frames(&[&reply]).unwrap();
+            });
+            assert_eq!(recv_frames_until(&mut a, 1), std::slice::from_ref(&reply));
+        });
+        assert_eq!(sink.frames().unwrap(), 21);
+    }
+    let recorded: Vec<Vec<u8>> = read_pcap(&std::fs::read(&path).unwrap())
+        .into_iter()
+        .map(|r| r.2)
+        .collect();
+    let mut expected = frames.clone();
+    expected.push(reply);
+    assert_eq!(recorded, expected, "each frame once, in the order sent");
 }

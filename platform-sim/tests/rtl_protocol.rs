@@ -857,3 +857,103 @@ fn soft_switch_link_registers_its_instance_and_counts_garbage() {
     node.send_frames(&[&[0xFB, 0xFF]]).unwrap();
     assert_eq!(read_line(&mut sw_r), "+/8=\n");
 }
+
+/// `port`'s sender transmits `frames` from another thread while `port` waits in
+/// `recv_frames` on a third; `peer` receives them all while `port` still waits, then
+/// answers with `reply`, which wakes it. Returns `port`.
+fn sender_transmits_while_the_port_waits<P: LinkPort + 'static>(
+    mut port: P,
+    peer: &mut dyn LinkPort,
+    frames: &[Vec<u8>],
+    reply: &[u8],
+) -> P {
+    let mut tx = port.sender().unwrap();
+    let receiver = thread::spawn(move || {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.is_empty() && Instant::now() < deadline {
+            port.recv_frames(Duration::from_secs(10), &mut |f| got.push(f.to_vec()))
+                .unwrap();
+        }
+        (port, got)
+    });
+    thread::sleep(Duration::from_millis(20));
+    let to_send = frames.to_vec();
+    let tx = thread::spawn(move || {
+        for chunk in to_send.chunks(3) {
+            let refs: Vec<&[u8]> = chunk.iter().map(Vec::as_slice).collect();
+            tx.send_frames(&refs).unwrap();
+        }
+        tx
+    })
+    .join()
+    .unwrap();
+    assert_eq!(recv_n(peer, frames.len()), frames);
+    assert!(!receiver.is_finished(), "the port is still waiting");
+    peer.send_frames(&[reply]).unwrap();
+    let (port, got) = receiver.join().unwrap();
+    assert_eq!(got, [reply.to_vec()]);
+    drop(tx);
+    port
+}
+
+#[test]
+fn two_card_link_sender_transmits_while_the_port_waits_and_shares_its_state() {
+    let card1 = TwoCardLink::listen(0).unwrap();
+    let port = card1.local_addr().unwrap().port();
+    let mut early = card1.sender().unwrap();
+    early.send_frames(&[&[1, 2, 3], &[4]]).unwrap();
+    assert_eq!(card1.status().dropped_before_connect, 2, "not up yet");
+    let mut card2 = TwoCardLink::connect(port, &TWO_CARD_RETRY).unwrap();
+    assert!(card1.wait_connected(Duration::from_secs(5)));
+
+    let frames = frames_of_many_sizes(0x33);
+    let card1 = sender_transmits_while_the_port_waits(card1, &mut card2, &frames, &[9; 60]);
+    let status = card1.status();
+    assert_eq!(
+        (status.frames_sent, status.frames_received),
+        (frames.len() as u64, 1)
+    );
+    let s = card1.stats().snapshot();
+    assert_eq!(
+        (s.frames_sent, s.frames_received, s.frames_unroutable),
+        (frames.len() as u64, 1, 2)
+    );
+
+    // The sender made before the link came up now reaches card 2.
+    early.send_frames(&[&[5; 64]]).unwrap();
+    assert_eq!(recv_n(&mut card2, 1), vec![vec![5u8; 64]]);
+    // Card 2 leaving takes the link down for the sender too; so does dropping the port.
+    drop(card2);
+    eventually("card 1 to see the link down", || !card1.status().connected);
+    assert!(early.send_frames(&[&[0u8; 60]]).is_err());
+    let listening = TwoCardLink::listen(0).unwrap();
+    let mut orphan = listening.sender().unwrap();
+    drop(listening);
+    let err = orphan.send_frames(&[&[0u8; 60]]).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotConnected, "{err}");
+}
+
+#[test]
+fn soft_switch_link_sender_transmits_while_the_port_waits() {
+    let switch = SoftSwitch::bind(SoftSwitchConfig {
+        port: 0,
+        hold_unknown: Duration::from_millis(100),
+    })
+    .unwrap();
+    let port = switch.local_addr().port();
+    let node1 = SoftSwitchLink::connect(port, 1, &QUICK_RETRY).unwrap();
+    let mut node2 = SoftSwitchLink::connect(port, 2, &QUICK_RETRY).unwrap();
+    let (ip1, ip2) = (node_ip(1).unwrap(), node_ip(2).unwrap());
+    eventually("both nodes to register", || {
+        switch.is_registered(ip1) && switch.is_registered(ip2)
+    });
+    let frames: Vec<_> = (0..40u8)
+        .map(|n| ip_frame(ip1, ip2, 34 + usize::from(n) * 37, n))
+        .collect();
+    let reply = ip_frame(ip2, ip1, 90, 0xEE);
+    let node1 = sender_transmits_while_the_port_waits(node1, &mut node2, &frames, &reply);
+    let s = node1.stats().snapshot();
+    assert_eq!((s.frames_sent, s.frames_received), (40, 1));
+    assert_eq!(node1.status().frames_sent, 40);
+}

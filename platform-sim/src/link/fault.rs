@@ -1,11 +1,13 @@
 //! Seeded fault injection on transmit: drop, duplicate, reorder and corrupt frames.
 //!
-//! Every decision about a frame is a pure function of the seed and the frame's position in
-//! the sequence this port transmits ([`FaultConfig::decide`]): the same seed and the same
-//! frames give the same drops, copies, swaps and flipped bytes on every run, whatever the
-//! timing, and a failing scenario is replayed from the seed alone. Rates come from a string
-//! such as `drop=0.05,dup=0.01,reorder=0.02,corrupt=0.001,seed=42`, given on a command line
-//! or in the environment variable [`FAULTS_ENV`].
+//! Every decision about a frame is a pure function of the seed, the transmit handle that
+//! sends it (the port itself or one of its [`LinkPort::sender`]s, see [`FaultyLink`]) and
+//! the frame's position in the sequence that handle transmits ([`FaultConfig::decide`],
+//! [`FaultConfig::for_handle`]): the same seed and the same frames on each handle give the
+//! same drops, copies, swaps and flipped bytes on every run, whatever the timing and however
+//! the handles' threads interleave, and a failing scenario is replayed from the seed alone.
+//! Rates come from a string such as `drop=0.05,dup=0.01,reorder=0.02,corrupt=0.001,seed=42`,
+//! given on a command line or in the environment variable [`FAULTS_ENV`].
 //!
 //! What each fault does, in this order (a dropped frame gets no other fault):
 //! - **drop**: the frame is not sent.
@@ -14,19 +16,20 @@
 //!   XORed with a non-zero mask. Frames of 42 bytes or less have a byte flipped anywhere.
 //!   Headers before byte 42 are left alone so that a corrupted frame still reaches its card.
 //! - **dup**: the frame is sent twice in a row.
-//! - **reorder**: the frame is held back and sent right after the next frame this port
+//! - **reorder**: the frame is held back and sent right after the next frame its handle
 //!   transmits, so that frame overtakes it. A frame still held after the hold limit
-//!   ([`FaultyLink::with_hold_limit`], 1 ms by default) is sent at the port's next
-//!   `recv_frames` without having been overtaken, so a quiet port never keeps a frame. A
-//!   frame that overtakes a held one is not itself held; a frame still held when the port
-//!   is dropped is lost.
+//!   ([`FaultyLink::with_hold_limit`], 1 ms by default) is sent through its handle at the
+//!   port's next `recv_frames` without having been overtaken, so a quiet handle never keeps
+//!   a frame while the port polls. A frame that overtakes a held one is not itself held; a
+//!   frame still held when its handle is dropped is lost.
 
 use std::fmt;
 use std::io;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use super::{LinkCounter, LinkPort, LinkStats};
+use super::{FrameSender, LinkCounter, LinkPort, LinkStats};
 
 /// The environment variable holding a fault configuration string.
 pub const FAULTS_ENV: &str = "BLUERDMA_LINK_FAULTS";
@@ -115,7 +118,7 @@ impl FaultConfig {
         Ok(())
     }
 
-    /// The decision for the frame at `index` (0-based, counting every frame the port was
+    /// The decision for the frame at `index` (0-based, counting every frame the handle was
     /// asked to transmit) of `len` bytes.
     pub fn decide(&self, index: u64, len: usize) -> FaultDecision {
         let hit = |draw: Draw, rate: f64| unit_interval(self.roll(index, draw)) < rate;
@@ -139,6 +142,20 @@ impl FaultConfig {
         }
     }
 
+    /// The configuration of transmit handle `handle` of a [`FaultyLink`]: handle 0 (the
+    /// port itself) uses `self` unchanged; handle k, the port's k-th sender, has the same
+    /// rates and a seed mixed from this seed and k, so that its decisions are independent
+    /// of the port's and of every other handle's.
+    pub fn for_handle(&self, handle: u64) -> FaultConfig {
+        if handle == 0 {
+            return *self;
+        }
+        FaultConfig {
+            seed: splitmix64(self.seed ^ splitmix64(handle.wrapping_mul(HANDLE_SALT))),
+            ..*self
+        }
+    }
+
     /// Draw `draw` of frame `index`: SplitMix64 output number `index * 6 + draw` of the seed.
     fn roll(&self, index: u64, draw: Draw) -> u64 {
         let n = index
@@ -159,6 +176,8 @@ impl FaultConfig {
 }
 
 const SPLITMIX_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+/// An odd constant that spreads handle numbers before they are mixed into a seed.
+const HANDLE_SALT: u64 = 0xD1B5_4A32_D192_ED03;
 
 /// The SplitMix64 output function (Steele, Lea, Flood 2014).
 fn splitmix64(x: u64) -> u64 {
@@ -325,26 +344,14 @@ struct Held {
     since: Instant,
 }
 
-/// A [`LinkPort`] that applies [`FaultConfig`] to every frame it transmits before handing
-/// it to the inner port; received frames pass through untouched. Faults are counted in the
-/// inner port's [`LinkStats`].
-pub struct FaultyLink<L: LinkPort> {
-    inner: L,
+/// The fault state of one transmit handle: its decisions, its position in its own
+/// sequence, and the frame it holds back.
+struct FaultStream {
+    /// The configuration with this handle's seed ([`FaultConfig::for_handle`]).
     config: FaultConfig,
-    /// Position of the next frame in this port's transmit sequence.
+    /// Position of the next frame in this handle's transmit sequence.
     next_index: u64,
     held: Option<Held>,
-    hold_limit: Duration,
-}
-
-impl<L: LinkPort> fmt::Debug for FaultyLink<L> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FaultyLink")
-            .field("config", &self.config)
-            .field("next_index", &self.next_index)
-            .field("holding", &self.held.is_some())
-            .finish()
-    }
 }
 
 /// One frame to pass on, in order.
@@ -356,60 +363,23 @@ enum Emit {
     Owned(usize),
 }
 
-impl<L: LinkPort> FaultyLink<L> {
-    /// Wraps `inner`; fails if a rate in `config` is not from 0 to 1.
-    pub fn new(inner: L, config: FaultConfig) -> Result<Self, FaultConfigError> {
-        config.validate()?;
-        log::info!("link faults: {config}");
-        Ok(Self {
-            inner,
+impl FaultStream {
+    fn new(config: FaultConfig) -> Self {
+        Self {
             config,
             next_index: 0,
             held: None,
-            hold_limit: Duration::from_millis(1),
-        })
-    }
-
-    /// Sets how long a frame chosen for reordering may wait for another frame to overtake it.
-    pub fn with_hold_limit(self, hold_limit: Duration) -> Self {
-        Self { hold_limit, ..self }
-    }
-
-    /// The configuration in force.
-    pub fn config(&self) -> &FaultConfig {
-        &self.config
-    }
-
-    /// How many frames the port has been asked to transmit (the index of the next one).
-    pub fn frames_offered(&self) -> u64 {
-        self.next_index
-    }
-
-    /// The wrapped port.
-    pub fn inner(&self) -> &L {
-        &self.inner
-    }
-
-    /// The wrapped port, mutably.
-    pub fn inner_mut(&mut self) -> &mut L {
-        &mut self.inner
-    }
-
-    /// Sends a held frame now, not overtaken.
-    fn release_held(&mut self) -> io::Result<()> {
-        match self.held.take() {
-            Some(held) => {
-                let copies = [held.bytes.as_slice(); 2];
-                self.inner.send_frames(&copies[..held.copies])
-            }
-            None => Ok(()),
         }
     }
-}
 
-impl<L: LinkPort> LinkPort for FaultyLink<L> {
-    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
-        let stats = self.inner.stats().clone();
+    /// Applies the faults to `frames`, counting them in `stats`, and passes what is left
+    /// (if anything) to `send` in one call.
+    fn transmit(
+        &mut self,
+        frames: &[&[u8]],
+        stats: &LinkStats,
+        send: impl FnOnce(&[&[u8]]) -> io::Result<()>,
+    ) -> io::Result<()> {
         let mut owned: Vec<Vec<u8>> = Vec::new();
         let mut plan: Vec<(Emit, usize)> = Vec::with_capacity(frames.len() + 1);
         for (i, frame) in frames.iter().enumerate() {
@@ -464,7 +434,182 @@ impl<L: LinkPort> LinkPort for FaultyLink<L> {
         if out.is_empty() {
             return Ok(());
         }
-        self.inner.send_frames(&out)
+        send(&out)
+    }
+
+    /// How long the held frame may still wait (zero once the limit has passed), if any.
+    fn hold_left(&self, hold_limit: Duration) -> Option<Duration> {
+        self.held
+            .as_ref()
+            .map(|h| hold_limit.saturating_sub(h.since.elapsed()))
+    }
+
+    /// Passes the held frame to `send`, not overtaken, if it has waited `hold_limit`.
+    fn release_if_aged(
+        &mut self,
+        hold_limit: Duration,
+        send: impl FnOnce(&[&[u8]]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if self.hold_left(hold_limit) != Some(Duration::ZERO) {
+            return Ok(());
+        }
+        match self.held.take() {
+            Some(held) => {
+                let copies = [held.bytes.as_slice(); 2];
+                send(&copies[..held.copies])
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// A sender's fault state together with the handle it transmits through, locked as one so
+/// that the port can release a frame the sender holds (see [`FaultyLink::sender`]).
+struct SenderCore {
+    stream: FaultStream,
+    inner: Box<dyn FrameSender>,
+}
+
+impl SenderCore {
+    fn release_if_aged(&mut self, hold_limit: Duration) -> io::Result<()> {
+        let Self { stream, inner } = self;
+        stream.release_if_aged(hold_limit, |out| inner.send_frames(out))
+    }
+}
+
+/// The senders a [`FaultyLink`] has made.
+#[derive(Default)]
+struct Senders {
+    /// How many were made: the last one is handle `made`.
+    made: u64,
+    /// Those still alive, whose held frames the port releases.
+    live: Vec<Weak<Mutex<SenderCore>>>,
+}
+
+/// A [`LinkPort`] that applies [`FaultConfig`] to every frame it transmits before handing
+/// it to the inner port; received frames pass through untouched. Faults are counted in the
+/// inner port's [`LinkStats`].
+///
+/// Each transmit handle has its own sequence of decisions: the port itself is handle 0 and
+/// uses the configuration as given; the k-th [`LinkPort::sender`] is handle k and uses
+/// [`FaultConfig::for_handle`]`(k)`. So a frame's fate depends only on the seed, the handle
+/// and the frame's position among that handle's frames, never on how the threads of a card
+/// happen to interleave: a card whose send-ring thread and receive thread transmit at once
+/// replays the same faults from the seed as long as each thread sends the same frames and
+/// the senders are made in the same order. A frame held for reordering is overtaken only
+/// by the next frame of its own handle; after the hold limit it is released by the port's
+/// next `recv_frames`, whichever handle holds it.
+pub struct FaultyLink<L: LinkPort> {
+    inner: L,
+    /// The port's own handle.
+    own: FaultStream,
+    hold_limit: Duration,
+    senders: Mutex<Senders>,
+}
+
+impl<L: LinkPort> fmt::Debug for FaultyLink<L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultyLink")
+            .field("config", &self.own.config)
+            .field("next_index", &self.own.next_index)
+            .field("holding", &self.own.held.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: LinkPort> FaultyLink<L> {
+    /// Wraps `inner`; fails if a rate in `config` is not from 0 to 1.
+    pub fn new(inner: L, config: FaultConfig) -> Result<Self, FaultConfigError> {
+        config.validate()?;
+        log::info!("link faults: {config}");
+        Ok(Self {
+            inner,
+            own: FaultStream::new(config),
+            hold_limit: Duration::from_millis(1),
+            senders: Mutex::new(Senders::default()),
+        })
+    }
+
+    /// Sets how long a frame chosen for reordering may wait for another frame of its
+    /// handle to overtake it (for the port and every sender).
+    pub fn with_hold_limit(self, hold_limit: Duration) -> Self {
+        Self { hold_limit, ..self }
+    }
+
+    /// The configuration in force (that of handle 0, the port itself).
+    pub fn config(&self) -> &FaultConfig {
+        &self.own.config
+    }
+
+    /// How many frames the port itself has been asked to transmit (the index of its next
+    /// one); frames offered through its senders are not included.
+    pub fn frames_offered(&self) -> u64 {
+        self.own.next_index
+    }
+
+    /// The wrapped port.
+    pub fn inner(&self) -> &L {
+        &self.inner
+    }
+
+    /// The wrapped port, mutably.
+    pub fn inner_mut(&mut self) -> &mut L {
+        &mut self.inner
+    }
+
+    fn senders(&self) -> io::Result<MutexGuard<'_, Senders>> {
+        self.senders
+            .lock()
+            .map_err(|_| io::Error::other("fault injector poisoned by a panic"))
+    }
+
+    /// The time until the first held frame (of any handle) reaches the hold limit. A
+    /// sender busy transmitting is skipped: its next frame overtakes what it holds.
+    fn next_release(&self) -> io::Result<Option<Duration>> {
+        let mut next = self.own.hold_left(self.hold_limit);
+        for core in self.senders()?.live.iter().filter_map(Weak::upgrade) {
+            if let Ok(core) = core.try_lock() {
+                next = next
+                    .into_iter()
+                    .chain(core.stream.hold_left(self.hold_limit))
+                    .min();
+            }
+        }
+        Ok(next)
+    }
+
+    /// Sends every held frame (of any handle) that has waited the hold limit, each
+    /// through its own handle.
+    fn release_aged(&mut self) -> io::Result<()> {
+        let Self {
+            inner,
+            own,
+            hold_limit,
+            ..
+        } = self;
+        own.release_if_aged(*hold_limit, |out| inner.send_frames(out))?;
+        let live: Vec<_> = {
+            let mut senders = self.senders()?;
+            senders.live.retain(|s| s.strong_count() > 0);
+            senders.live.iter().filter_map(Weak::upgrade).collect()
+        };
+        for core in live {
+            // A sender busy transmitting is skipped; a poisoned one panicked mid-send and
+            // is left alone.
+            if let Ok(mut core) = core.try_lock() {
+                core.release_if_aged(self.hold_limit)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<L: LinkPort> LinkPort for FaultyLink<L> {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        let stats = self.inner.stats().clone();
+        let inner = &mut self.inner;
+        self.own
+            .transmit(frames, &stats, |out| inner.send_frames(out))
     }
 
     fn recv_frames(
@@ -472,28 +617,57 @@ impl<L: LinkPort> LinkPort for FaultyLink<L> {
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
-        let Some(since) = self.held.as_ref().map(|h| h.since) else {
-            return self.inner.recv_frames(timeout, on_frame);
+        self.release_aged()?;
+        // Wake up in time to release a held frame if nothing overtakes it.
+        let wait = match self.next_release()? {
+            Some(left) => timeout.min(left),
+            None => timeout,
         };
-        let remaining = self.hold_limit.saturating_sub(since.elapsed());
-        if remaining.is_zero() {
-            self.release_held()?;
-            return self.inner.recv_frames(timeout, on_frame);
-        }
-        // Wake up in time to release the held frame if nothing overtakes it.
-        let received = self.inner.recv_frames(timeout.min(remaining), on_frame)?;
-        if self
-            .held
-            .as_ref()
-            .is_some_and(|h| h.since.elapsed() >= self.hold_limit)
-        {
-            self.release_held()?;
-        }
+        let received = self.inner.recv_frames(wait, on_frame)?;
+        self.release_aged()?;
         Ok(received)
     }
 
     fn stats(&self) -> &LinkStats {
         self.inner.stats()
+    }
+
+    /// A sender that applies the same rates with its own sequence of decisions (see
+    /// [`FaultyLink`]). Its held frame is released by the port's `recv_frames` after the
+    /// hold limit, or lost if the sender is dropped first.
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        let inner = self.inner.sender()?;
+        let mut senders = self.senders()?;
+        senders.made += 1;
+        let config = self.own.config.for_handle(senders.made);
+        let core = Arc::new(Mutex::new(SenderCore {
+            stream: FaultStream::new(config),
+            inner,
+        }));
+        senders.live.retain(|s| s.strong_count() > 0);
+        senders.live.push(Arc::downgrade(&core));
+        Ok(Box::new(FaultySender {
+            core,
+            stats: self.inner.stats().clone(),
+        }))
+    }
+}
+
+/// A second transmit handle on a [`FaultyLink`].
+struct FaultySender {
+    core: Arc<Mutex<SenderCore>>,
+    /// The port's counters.
+    stats: LinkStats,
+}
+
+impl FrameSender for FaultySender {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        let mut core = self
+            .core
+            .lock()
+            .map_err(|_| io::Error::other("fault injector poisoned by a panic"))?;
+        let SenderCore { stream, inner } = &mut *core;
+        stream.transmit(frames, &self.stats, |out| inner.send_frames(out))
     }
 }
 
@@ -586,6 +760,27 @@ mod tests {
                 // Changing the drop rate changes nothing else about a frame it keeps.
                 assert_eq!(da, db, "frame {i}");
             }
+        }
+    }
+
+    #[test]
+    fn each_handle_has_its_own_sequence_with_the_same_rates() {
+        let port: FaultConfig = "drop=0.5,dup=0.25,seed=11".parse().unwrap();
+        assert_eq!(port.for_handle(0), port);
+        let handles: Vec<FaultConfig> = (1..=3).map(|k| port.for_handle(k)).collect();
+        assert_eq!(
+            handles[0],
+            port.for_handle(1),
+            "a pure function of seed and handle"
+        );
+        let drops =
+            |c: &FaultConfig| -> Vec<bool> { (0..64).map(|i| c.decide(i, 80).drop).collect() };
+        let mut seen = vec![drops(&port)];
+        for h in &handles {
+            assert_eq!((h.drop, h.duplicate), (port.drop, port.duplicate));
+            let d = drops(h);
+            assert!(!seen.contains(&d), "handles share a sequence");
+            seen.push(d);
         }
     }
 

@@ -2,6 +2,11 @@
 //! their IPv4 destination like the UDP link ([`super::route`]), with no sockets and no
 //! loss except a full receive queue. Frames between two ports arrive in the order they
 //! were sent, so tests of the card model are deterministic.
+//!
+//! A port's [`LinkPort::sender`] is another handle on the hub that counts into the port's
+//! [`LinkStats`]. The hub delivers each call's frames under one lock, so the frames of
+//! concurrent calls never interleave within a call. A sender that outlives its port still
+//! sends; its port's address is free again once the port is dropped.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::route::frame_dst_ipv4;
-use super::{LinkCounter, LinkPort, LinkStats};
+use super::{FrameSender, LinkCounter, LinkPort, LinkStats};
 
 /// Frames a port's receive queue holds by default before the hub drops further ones.
 pub const DEFAULT_QUEUE_FRAMES: usize = 4096;
@@ -78,6 +83,29 @@ impl MemHub {
         })
     }
 
+    /// Delivers `frames` to the queues of their destinations, counting into `stats` (the
+    /// sending port's) and into a receiver's counters the frames its full queue refuses.
+    fn deliver(&self, frames: &[&[u8]], stats: &LinkStats) -> io::Result<()> {
+        let ports = self.lock()?;
+        for frame in frames {
+            let Some(port) = frame_dst_ipv4(frame).ok().and_then(|ip| ports.get(&ip)) else {
+                stats.add(LinkCounter::FramesUnroutable, 1);
+                continue;
+            };
+            match port.queue.try_send(frame.to_vec()) {
+                Ok(()) => stats.add(LinkCounter::FramesSent, 1),
+                Err(TrySendError::Full(_)) => {
+                    // Sent, then lost at the receiver, like a UDP receive-queue overflow.
+                    stats.add(LinkCounter::FramesSent, 1);
+                    port.stats.add(LinkCounter::RxQueueDrops, 1);
+                }
+                // The receiving port is being dropped: nobody is there any more.
+                Err(TrySendError::Disconnected(_)) => stats.add(LinkCounter::FramesUnroutable, 1),
+            }
+        }
+        Ok(())
+    }
+
     fn lock(&self) -> io::Result<MutexGuard<'_, HashMap<Ipv4Addr, Attached>>> {
         self.ports
             .lock()
@@ -108,28 +136,22 @@ impl MemPort {
     }
 }
 
+/// A second transmit handle on a [`MemPort`].
+struct MemSender {
+    hub: MemHub,
+    /// The port's counters.
+    stats: LinkStats,
+}
+
+impl FrameSender for MemSender {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        self.hub.deliver(frames, &self.stats)
+    }
+}
+
 impl LinkPort for MemPort {
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
-        let ports = self.hub.lock()?;
-        for frame in frames {
-            let Some(port) = frame_dst_ipv4(frame).ok().and_then(|ip| ports.get(&ip)) else {
-                self.stats.add(LinkCounter::FramesUnroutable, 1);
-                continue;
-            };
-            match port.queue.try_send(frame.to_vec()) {
-                Ok(()) => self.stats.add(LinkCounter::FramesSent, 1),
-                Err(TrySendError::Full(_)) => {
-                    // Sent, then lost at the receiver, like a UDP receive-queue overflow.
-                    self.stats.add(LinkCounter::FramesSent, 1);
-                    port.stats.add(LinkCounter::RxQueueDrops, 1);
-                }
-                // The receiving port is being dropped: nobody is there any more.
-                Err(TrySendError::Disconnected(_)) => {
-                    self.stats.add(LinkCounter::FramesUnroutable, 1)
-                }
-            }
-        }
-        Ok(())
+        self.hub.deliver(frames, &self.stats)
     }
 
     fn recv_frames(
@@ -157,6 +179,13 @@ impl LinkPort for MemPort {
 
     fn stats(&self) -> &LinkStats {
         &self.stats
+    }
+
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        Ok(Box::new(MemSender {
+            hub: self.hub.clone(),
+            stats: self.stats.clone(),
+        }))
     }
 }
 

@@ -35,10 +35,21 @@ pub use udp::{UdpLink, UdpLinkConfig};
 /// A second transmit handle on a port, for a thread other than the one that receives: the
 /// emulated card transmits data packets from its send-ring thread while its receive thread
 /// blocks in [`LinkPort::recv_frames`] (and sends its own NAKs through the port itself).
+///
+/// Frames sent through one handle leave in the order of that handle's calls. Frames sent
+/// at the same time through two handles interleave in whatever order the transport takes
+/// them, as the frames of two queues of one NIC do on the wire. A sender may outlive its
+/// port; what it does then is up to the transport (see each one).
 pub trait FrameSender: Send {
     /// As [`LinkPort::send_frames`]: in order, counted in the port's [`LinkStats`], and
     /// through the same wrappers (faults, capture) as the port.
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()>;
+}
+
+impl<S: FrameSender + ?Sized> FrameSender for Box<S> {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        (**self).send_frames(frames)
+    }
 }
 
 /// One card's port on the link.
@@ -59,13 +70,10 @@ pub trait LinkPort: Send {
     /// The port's counters. Wrappers return their inner port's, so that one set of counters
     /// describes the whole stack.
     fn stats(&self) -> &LinkStats;
-    /// Another transmit handle on this port (see [`FrameSender`]).
-    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "this link port has no second transmit handle",
-        ))
-    }
+    /// Another transmit handle on this port (see [`FrameSender`]), usable from another
+    /// thread while this one blocks in [`LinkPort::recv_frames`]. Fails only if the
+    /// transport cannot give one (e.g. the socket cannot be duplicated).
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>>;
 }
 
 impl<L: LinkPort + ?Sized> LinkPort for Box<L> {

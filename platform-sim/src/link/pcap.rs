@@ -10,7 +10,10 @@
 //! whole conversation; wrap each port in a [`CapturingLink`] that records what it transmits
 //! (each frame is then captured once, by its sender). Where the wrapper sits decides what
 //! is seen: `CapturingLink<FaultyLink<_>>` records frames before fault injection,
-//! `FaultyLink<CapturingLink<_>>` the frames that actually went out.
+//! `FaultyLink<CapturingLink<_>>` the frames that actually went out. A port's
+//! [`LinkPort::sender`] records what it transmits into the same sink, from the same place
+//! in the stack (the direction setting only concerns received frames, which a sender has
+//! none of).
 
 use std::fmt;
 use std::fs::File;
@@ -19,7 +22,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{LinkPort, LinkStats};
+use super::{FrameSender, LinkPort, LinkStats};
 
 /// Classic pcap magic number (microsecond timestamps).
 const PCAP_MAGIC: u32 = 0xA1B2_C3D4;
@@ -230,6 +233,26 @@ impl<L: LinkPort> LinkPort for CapturingLink<L> {
 
     fn stats(&self) -> &LinkStats {
         self.inner.stats()
+    }
+
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        Ok(Box::new(CapturingSender {
+            inner: self.inner.sender()?,
+            sink: self.sink.clone(),
+        }))
+    }
+}
+
+/// A second transmit handle on a [`CapturingLink`]: records, then passes on.
+struct CapturingSender {
+    inner: Box<dyn FrameSender>,
+    sink: PcapSink,
+}
+
+impl FrameSender for CapturingSender {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        self.sink.capture(frames)?;
+        self.inner.send_frames(frames)
     }
 }
 

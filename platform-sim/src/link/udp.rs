@@ -13,11 +13,16 @@
 //! received datagram that
 //! is malformed is counted and dropped whole. Like any UDP path, the link may lose datagrams
 //! when a receiver falls behind; the kernel's count of those is [`LinkCounter::RxQueueDrops`].
+//!
+//! [`LinkPort::sender`] gives a second transmit handle on the same socket, with its own
+//! datagram buffers and the port's counters. The socket stays bound, and the address taken,
+//! until the port and every sender are dropped.
 
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -25,7 +30,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use super::datagram::{DatagramBuilder, DatagramFrames, MAX_UDP_PAYLOAD};
 use super::mmsg::{self, OutDatagram, RecvBuffers};
 use super::route::frame_dst_ipv4;
-use super::{LinkCounter, LinkPort, LinkStats};
+use super::{FrameSender, LinkCounter, LinkPort, LinkStats};
 
 /// The UDP port of RoCE v2, the default port of every card on the link.
 pub const DEFAULT_PORT: u16 = 4791;
@@ -72,15 +77,8 @@ struct Outgoing {
 
 /// One card's port on a UDP link (see the module documentation).
 pub struct UdpLink {
-    socket: UdpSocket,
-    config: UdpLinkConfig,
-    stats: LinkStats,
-    /// The datagram being filled for each destination of the current send.
-    filling: Vec<Outgoing>,
-    /// Full datagrams of the current send, in the order they must leave.
-    full: Vec<Outgoing>,
-    /// Emptied builders kept for reuse, so that steady traffic does not allocate.
-    spare: Vec<DatagramBuilder>,
+    /// The port's own transmit handle; its socket is the one the port receives on.
+    tx: UdpSender,
     rx: RecvBuffers,
     /// The socket's current `SO_RCVTIMEO`, to set it only when the caller's timeout changes.
     read_timeout: Option<Duration>,
@@ -90,9 +88,23 @@ impl fmt::Debug for UdpLink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UdpLink")
             .field("addr", &self.local_addr())
-            .field("stats", &self.stats)
+            .field("stats", &self.tx.stats)
             .finish_non_exhaustive()
     }
+}
+
+/// A transmit handle on a UDP port: packs frames into datagrams and sends them. Every
+/// handle of a port shares its socket and counters and has its own datagram buffers.
+struct UdpSender {
+    socket: Arc<UdpSocket>,
+    config: UdpLinkConfig,
+    stats: LinkStats,
+    /// The datagram being filled for each destination of the current send.
+    filling: Vec<Outgoing>,
+    /// Full datagrams of the current send, in the order they must leave.
+    full: Vec<Outgoing>,
+    /// Emptied builders kept for reuse, so that steady traffic does not allocate.
+    spare: Vec<DatagramBuilder>,
 }
 
 /// Receive slots per `recvmmsg`; each holds a whole datagram.
@@ -126,12 +138,11 @@ impl UdpLink {
             .as_socket_ipv4()
             .map_or(config.port, |a| a.port());
         Ok(Self {
-            socket: socket.into(),
-            config: UdpLinkConfig { port, ..config },
-            stats: LinkStats::new(),
-            filling: Vec::new(),
-            full: Vec::new(),
-            spare: Vec::new(),
+            tx: UdpSender::new(
+                Arc::new(socket.into()),
+                UdpLinkConfig { port, ..config },
+                LinkStats::new(),
+            ),
             rx: RecvBuffers::new(RX_SLOTS, RX_SLOT_LEN),
             read_timeout: None,
         })
@@ -139,17 +150,38 @@ impl UdpLink {
 
     /// The address the port is bound to.
     pub fn local_addr(&self) -> SocketAddrV4 {
-        SocketAddrV4::new(self.config.ip, self.config.port)
+        SocketAddrV4::new(self.tx.config.ip, self.tx.config.port)
     }
 
     /// The configuration the port was opened with.
     pub fn config(&self) -> &UdpLinkConfig {
-        &self.config
+        &self.tx.config
     }
 
     /// The receive buffer the kernel granted (`SO_RCVBUF` as read back).
     pub fn recv_buffer_bytes(&self) -> io::Result<usize> {
-        socket2::SockRef::from(&self.socket).recv_buffer_size()
+        socket2::SockRef::from(&*self.tx.socket).recv_buffer_size()
+    }
+
+    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
+        if self.read_timeout != Some(timeout) {
+            self.tx.socket.set_read_timeout(Some(timeout))?;
+            self.read_timeout = Some(timeout);
+        }
+        Ok(())
+    }
+}
+
+impl UdpSender {
+    fn new(socket: Arc<UdpSocket>, config: UdpLinkConfig, stats: LinkStats) -> Self {
+        Self {
+            socket,
+            config,
+            stats,
+            filling: Vec::new(),
+            full: Vec::new(),
+            spare: Vec::new(),
+        }
     }
 
     /// Adds `frame` to the datagram for its destination, moving that datagram to `full`
@@ -252,17 +284,9 @@ impl UdpLink {
         }
         result
     }
-
-    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
-        if self.read_timeout != Some(timeout) {
-            self.socket.set_read_timeout(Some(timeout))?;
-            self.read_timeout = Some(timeout);
-        }
-        Ok(())
-    }
 }
 
-impl LinkPort for UdpLink {
+impl FrameSender for UdpSender {
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
         for frame in frames {
             self.pack(frame);
@@ -278,6 +302,12 @@ impl LinkPort for UdpLink {
         }
         self.flush()
     }
+}
+
+impl LinkPort for UdpLink {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        self.tx.send_frames(frames)
+    }
 
     fn recv_frames(
         &mut self,
@@ -288,10 +318,10 @@ impl LinkPort for UdpLink {
         if wait {
             self.set_read_timeout(timeout)?;
         }
-        let queue_drops = mmsg::recv_batch(self.socket.as_fd(), &mut self.rx, wait)?;
+        let queue_drops = mmsg::recv_batch(self.tx.socket.as_fd(), &mut self.rx, wait)?;
+        let (ip, stats) = (self.tx.config.ip, &self.tx.stats);
         if let Some(drops) = queue_drops {
-            self.stats
-                .raise_to(LinkCounter::RxQueueDrops, u64::from(drops));
+            stats.raise_to(LinkCounter::RxQueueDrops, u64::from(drops));
         }
         let mut delivered = 0;
         for datagram in self.rx.datagrams() {
@@ -300,25 +330,32 @@ impl LinkPort for UdpLink {
                 .and_then(|bytes| DatagramFrames::parse(bytes).map_err(|e| e.to_string()));
             match parsed {
                 Ok(frames) => {
-                    self.stats.add(LinkCounter::DatagramsReceived, 1);
+                    stats.add(LinkCounter::DatagramsReceived, 1);
                     for frame in frames.iter() {
                         on_frame(frame);
                         delivered += 1;
                     }
                 }
                 Err(e) => {
-                    log::debug!("link {}: bad datagram dropped: {e}", self.config.ip);
-                    self.stats.add(LinkCounter::BadDatagrams, 1);
+                    log::debug!("link {ip}: bad datagram dropped: {e}");
+                    stats.add(LinkCounter::BadDatagrams, 1);
                 }
             }
         }
-        self.stats
-            .add(LinkCounter::FramesReceived, delivered as u64);
+        stats.add(LinkCounter::FramesReceived, delivered as u64);
         Ok(delivered)
     }
 
     fn stats(&self) -> &LinkStats {
-        &self.stats
+        &self.tx.stats
+    }
+
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        Ok(Box::new(UdpSender::new(
+            Arc::clone(&self.tx.socket),
+            self.tx.config,
+            self.tx.stats.clone(),
+        )))
     }
 }
 

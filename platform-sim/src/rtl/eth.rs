@@ -11,6 +11,12 @@
 //!   tests).
 //!
 //! Lines that are not valid base64 are counted and skipped; empty lines are ignored.
+//!
+//! A port's [`LinkPort::sender`] writes to the same stream and counts into the same
+//! counters; each call's frames go out in one write under the stream's lock, so the lines
+//! of two handles never mix. A sender sees the link as the port does: frames before the
+//! link is up are dropped and counted, and once it is down (or the port is dropped) sending
+//! fails.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -28,7 +34,7 @@ use base64::Engine as _;
 use super::connect::{connect_loopback, RetryPolicy};
 use super::line::{excerpt, trim, Line, LineReader};
 use super::listener::{accept_loop, bind_loopback};
-use crate::link::{LinkCounter, LinkPort, LinkStats};
+use crate::link::{FrameSender, LinkCounter, LinkPort, LinkStats};
 
 /// The two-card bench's link port (card 1 listens on it).
 pub const TWO_CARD_PORT: u16 = 7777;
@@ -92,6 +98,47 @@ struct LinkShared {
 impl LinkShared {
     fn stream(&self) -> MutexGuard<'_, Option<TcpStream>> {
         self.stream.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes `frames` as one batch of lines (or drops and counts them if the link is not
+    /// up yet).
+    fn send_frames(&self, name: &str, frames: &[&[u8]]) -> io::Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            NOT_YET => {
+                self.dropped_before_connect
+                    .fetch_add(frames.len() as u64, Ordering::Relaxed);
+                self.counters
+                    .add(LinkCounter::FramesUnroutable, frames.len() as u64);
+                return Ok(());
+            }
+            DOWN => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    format!("{name}: the link is down"),
+                ))
+            }
+            _ => {}
+        }
+        let mut batch = Vec::new();
+        for frame in frames {
+            batch.extend_from_slice(encode_frame_line(frame).as_bytes());
+        }
+        let mut stream = self.stream();
+        let Some(s) = stream.as_mut() else {
+            return Err(io::ErrorKind::NotConnected.into());
+        };
+        if let Err(e) = s.write_all(&batch) {
+            self.state.store(DOWN, Ordering::Release);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{name}: send failed: {e}"),
+            ));
+        }
+        self.frames_sent
+            .fetch_add(frames.len() as u64, Ordering::Relaxed);
+        self.counters
+            .add(LinkCounter::FramesSent, frames.len() as u64);
+        Ok(())
     }
 
     /// Reads frames from `stream` into `tx` until the peer closes or the link stops.
@@ -195,46 +242,14 @@ impl LineLink {
     }
 
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
-        match self.shared.state.load(Ordering::Acquire) {
-            NOT_YET => {
-                self.shared
-                    .dropped_before_connect
-                    .fetch_add(frames.len() as u64, Ordering::Relaxed);
-                self.shared
-                    .counters
-                    .add(LinkCounter::FramesUnroutable, frames.len() as u64);
-                return Ok(());
-            }
-            DOWN => {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotConnected,
-                    format!("{}: the link is down", self.name),
-                ))
-            }
-            _ => {}
-        }
-        let mut batch = Vec::new();
-        for frame in frames {
-            batch.extend_from_slice(encode_frame_line(frame).as_bytes());
-        }
-        let mut stream = self.shared.stream();
-        let Some(s) = stream.as_mut() else {
-            return Err(io::ErrorKind::NotConnected.into());
-        };
-        if let Err(e) = s.write_all(&batch) {
-            self.shared.state.store(DOWN, Ordering::Release);
-            return Err(io::Error::new(
-                e.kind(),
-                format!("{}: send failed: {e}", self.name),
-            ));
-        }
-        self.shared
-            .frames_sent
-            .fetch_add(frames.len() as u64, Ordering::Relaxed);
-        self.shared
-            .counters
-            .add(LinkCounter::FramesSent, frames.len() as u64);
-        Ok(())
+        self.shared.send_frames(&self.name, frames)
+    }
+
+    fn sender(&self) -> Box<dyn FrameSender> {
+        Box::new(LineSender {
+            name: self.name.clone(),
+            shared: Arc::clone(&self.shared),
+        })
     }
 
     fn recv_frames(
@@ -278,6 +293,20 @@ impl LineLink {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // A sender that outlives the port finds the link down, even if it never came up.
+        self.shared.state.store(DOWN, Ordering::Release);
+    }
+}
+
+/// A second transmit handle on a [`LineLink`].
+struct LineSender {
+    name: String,
+    shared: Arc<LinkShared>,
+}
+
+impl FrameSender for LineSender {
+    fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        self.shared.send_frames(&self.name, frames)
     }
 }
 
@@ -378,6 +407,10 @@ impl LinkPort for TwoCardLink {
         self.link.send_frames(frames)
     }
 
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        Ok(self.link.sender())
+    }
+
     fn stats(&self) -> &LinkStats {
         &self.link.shared.counters
     }
@@ -432,6 +465,10 @@ impl SoftSwitchLink {
 impl LinkPort for SoftSwitchLink {
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
         self.link.send_frames(frames)
+    }
+
+    fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
+        Ok(self.link.sender())
     }
 
     fn stats(&self) -> &LinkStats {
