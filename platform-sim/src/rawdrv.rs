@@ -195,9 +195,11 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
             netmask: Ipv4Addr::new(255, 0, 0, 0),
             gateway: Ipv4Addr::UNSPECIFIED,
         }))?;
-        self.command(CmdRequest::SetRawPacketReceiveMeta(SetRawPacketReceiveMeta {
-            write_base_addr: self.rx_buffer.device_addr(),
-        }))?;
+        self.command(CmdRequest::SetRawPacketReceiveMeta(
+            SetRawPacketReceiveMeta {
+                write_base_addr: self.rx_buffer.device_addr(),
+            },
+        ))?;
         Ok(())
     }
 
@@ -314,7 +316,12 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
             .push_batch(&self.regs, &[d])
             .map_err(|_| RawError::Full)?;
         let deadline = Instant::now() + self.command_timeout;
-        while self.sn_tx.refresh_tail(&self.regs).map(|free| free < 4096).unwrap_or(true) {
+        while self
+            .sn_tx
+            .refresh_tail(&self.regs)
+            .map(|free| free < 4096)
+            .unwrap_or(true)
+        {
             if Instant::now() >= deadline {
                 return Err(RawError::CommandTimeout { op: "SimpleNicTx" });
             }

@@ -21,6 +21,9 @@ use super::AddressMap;
 /// addresses stay below 2^47, device addresses below 2^48, the card's address width).
 pub const DEVICE_OFFSET: u64 = 1 << 46;
 
+/// User-space addresses end below this (x86-64 and AArch64 with 48-bit addressing).
+const USER_LIMIT: u64 = 1 << 47;
+
 /// The emulated device address of virtual address `va`.
 pub fn device_addr_of(va: u64) -> DeviceAddr {
     DeviceAddr(va + DEVICE_OFFSET)
@@ -97,7 +100,7 @@ impl MemoryResolver for HostMemory {
         if va
             .0
             .checked_add(len as u64)
-            .is_none_or(|end| end > DEVICE_OFFSET)
+            .is_none_or(|end| end > USER_LIMIT)
         {
             return Err(PlatformError::NotMapped { va });
         }

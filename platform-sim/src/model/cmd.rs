@@ -97,7 +97,9 @@ fn update_pgt(
     dma.read(dma_addr, bytes).map_err(|e| e.to_string())?;
     let entries = staged_entries(bytes, entry_count).map_err(|e| e.to_string())?;
     for (j, e) in entries.enumerate() {
-        state.tables.set_pgt(start_index.wrapping_add(j as u32), e.0 .0);
+        state
+            .tables
+            .set_pgt(start_index.wrapping_add(j as u32), e.0 .0);
     }
     Ok(())
 }

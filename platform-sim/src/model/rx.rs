@@ -19,9 +19,7 @@ use bluerdma_core::desc::RawDesc;
 use bluerdma_core::keys::{Qpn, MR_TABLE_LEN, QP_TABLE_LEN};
 use bluerdma_core::mac::MacAddr;
 use bluerdma_core::regs::{Counter, RingId};
-use bluerdma_core::wire::{
-    Aeth, Bth, FrameEnvelope, Nreth, PacketHeaders, RdmaOpcode, RocePacket,
-};
+use bluerdma_core::wire::{Aeth, Bth, FrameEnvelope, Nreth, PacketHeaders, RdmaOpcode, RocePacket};
 
 use super::autoack::{LossReport, MergeOutcome};
 use super::card::{CardState, Shared};
@@ -219,7 +217,9 @@ impl RxContext<'_> {
             return;
         };
         // Address filter (section 2.1): our MAC or broadcast, and our IP at bytes 30..33.
-        let dst_mac = frame.get(0..6).map(|m| MacAddr([m[0], m[1], m[2], m[3], m[4], m[5]]));
+        let dst_mac = frame
+            .get(0..6)
+            .map(|m| MacAddr([m[0], m[1], m[2], m[3], m[4], m[5]]));
         let dst_ip = frame
             .get(30..34)
             .map(|b| Ipv4Addr::new(b[0], b[1], b[2], b[3]));
@@ -243,7 +243,10 @@ impl RxContext<'_> {
             Ok(p) => p,
             Err(e) => {
                 NicStats::bump(&stats.rx_malformed);
-                log::warn!("{}: malformed RoCE frame dropped: {e}", self.shared.config.name);
+                log::warn!(
+                    "{}: malformed RoCE frame dropped: {e}",
+                    self.shared.config.name
+                );
                 return;
             }
         };
@@ -301,7 +304,10 @@ impl RxContext<'_> {
         }
         // PSN window (section 3.2): payload packets and zero-length ONLY_WITH_IMM.
         let merges = need_mr
-            || matches!(op, RdmaOpcode::SendOnlyWithImm | RdmaOpcode::WriteOnlyWithImm);
+            || matches!(
+                op,
+                RdmaOpcode::SendOnlyWithImm | RdmaOpcode::WriteOnlyWithImm
+            );
         if merges {
             self.merge(state, qp_index, bth);
         }
@@ -364,21 +370,24 @@ impl RxContext<'_> {
             return Err(Drop(Some(Counter::PacketLengthError)));
         }
         // Strict mode: the protection-domain check the card lacks (correction 10).
-        if self.shared.config.strict && state.qp_pd.get(h.bth.dqpn.index() as usize) != Some(&mr.pd) {
+        if self.shared.config.strict && state.qp_pd.get(h.bth.dqpn.index() as usize) != Some(&mr.pd)
+        {
             NicStats::bump(&self.shared.stats.strict_pd_drops);
             return Err(Drop(None));
         }
         // Translate and write (section 2.5-2.6): the payload is visible before the report.
         let mut fault = None;
         let dma = &mut *self.dma;
-        state.tables.translate(rkey >> 8, va, len, |dev, off, plen| {
-            if fault.is_none() {
-                let src = &payload[off as usize..(off + plen) as usize];
-                if let Err(e) = dma.write(dev, src) {
-                    fault = Some(e);
+        state
+            .tables
+            .translate(rkey >> 8, va, len, |dev, off, plen| {
+                if fault.is_none() {
+                    let src = &payload[off as usize..(off + plen) as usize];
+                    if let Err(e) = dma.write(dev, src) {
+                        fault = Some(e);
+                    }
                 }
-            }
-        });
+            });
         if let Some(e) = fault {
             NicStats::bump(&self.shared.stats.dma_faults);
             log::error!("{}: payload write failed: {e}", self.shared.config.name);
@@ -415,13 +424,19 @@ impl RxContext<'_> {
     /// A gap left the window: a NAK to the peer and a local report (section 3.4).
     fn loss(&mut self, state: &CardState, index: u32, r: &LossReport) {
         let qpc = state.tables.qp(index);
-        let net = state.net.unwrap_or(bluerdma_core::desc::cmd::SetNetworkParam {
-            mac: MacAddr::default(),
-            ip: Ipv4Addr::UNSPECIFIED,
-            netmask: Ipv4Addr::UNSPECIFIED,
-            gateway: Ipv4Addr::UNSPECIFIED,
-        });
-        let mut bth = Bth::new(RdmaOpcode::Acknowledge, Qpn::from_raw(qpc.peer_qpn), r.psn_now);
+        let net = state
+            .net
+            .unwrap_or(bluerdma_core::desc::cmd::SetNetworkParam {
+                mac: MacAddr::default(),
+                ip: Ipv4Addr::UNSPECIFIED,
+                netmask: Ipv4Addr::UNSPECIFIED,
+                gateway: Ipv4Addr::UNSPECIFIED,
+            });
+        let mut bth = Bth::new(
+            RdmaOpcode::Acknowledge,
+            Qpn::from_raw(qpc.peer_qpn),
+            r.psn_now,
+        );
         bth.msn = r.msn;
         let mut headers = PacketHeaders::new(bth);
         headers.aeth = Some(Aeth {
@@ -465,7 +480,12 @@ impl RxContext<'_> {
         };
         push_report(
             self.pending,
-            MetaReport::Nak(report, AckExtra { pre_bitmap: r.pre_bitmap }),
+            MetaReport::Nak(
+                report,
+                AckExtra {
+                    pre_bitmap: r.pre_bitmap,
+                },
+            ),
         );
         NicStats::bump(&self.shared.stats.meta_reports);
     }
@@ -485,7 +505,10 @@ impl RxContext<'_> {
         let at = DeviceAddr(base.0 + slot as u64 * RX_SLOT_SIZE as u64);
         if let Err(e) = self.dma.write(at, frame) {
             NicStats::bump(&stats.dma_faults);
-            log::error!("{}: simple-NIC RX write failed: {e}", self.shared.config.name);
+            log::error!(
+                "{}: simple-NIC RX write failed: {e}",
+                self.shared.config.name
+            );
             return;
         }
         state.raw_rx_slot = (slot + 1) % RX_SLOTS;
@@ -521,7 +544,12 @@ fn report_for(h: &PacketHeaders) -> Option<MetaReport> {
             is_send_by_local_hw: false,
         };
         return Some(if aeth.is_window_slided {
-            MetaReport::Nak(ack, AckExtra { pre_bitmap: aeth.pre_bitmap })
+            MetaReport::Nak(
+                ack,
+                AckExtra {
+                    pre_bitmap: aeth.pre_bitmap,
+                },
+            )
         } else {
             MetaReport::Ack(ack)
         });

@@ -83,7 +83,13 @@ impl TxEngine {
 
     fn fetch(&mut self, id: RingId) -> usize {
         self.descs.clear();
-        match rings::fetch(&self.shared.regs, &mut *self.dma, id, &mut self.descs, FETCH_BATCH) {
+        match rings::fetch(
+            &self.shared.regs,
+            &mut *self.dma,
+            id,
+            &mut self.descs,
+            FETCH_BATCH,
+        ) {
             Ok(n) => n,
             Err(e) => {
                 NicStats::bump(&self.shared.stats.dma_faults);
@@ -164,7 +170,10 @@ impl TxEngine {
         );
         if !payload_op && op != WorkReqOpcode::Read {
             NicStats::bump(&stats.bad_wqes);
-            log::error!("{}: WQE op {op:?} is not supported", self.shared.config.name);
+            log::error!(
+                "{}: WQE op {op:?} is not supported",
+                self.shared.config.name
+            );
             return;
         }
         let (net_mac, net_ip) = {
@@ -174,7 +183,13 @@ impl TxEngine {
                 None => (MacAddr::default(), std::net::Ipv4Addr::UNSPECIFIED),
             }
         };
-        let envelope = FrameEnvelope::new(net_mac, s1.mac, net_ip, s0.dqp_ip, udp_src_port_for(s1.sqpn));
+        let envelope = FrameEnvelope::new(
+            net_mac,
+            s1.mac,
+            net_ip,
+            s0.dqp_ip,
+            udp_src_port_for(s1.sqpn),
+        );
         let flags = s0.flags;
         let mut bth = Bth::new(RdmaOpcode::Acknowledge, s0.dqpn, s0.psn);
         bth.solicited = flags.contains(SendFlags::SOLICITED);
@@ -207,7 +222,10 @@ impl TxEngine {
         let len = s1.len as u64;
         let Some(last_byte) = a.checked_add(len - 1) else {
             NicStats::bump(&stats.bad_wqes);
-            log::error!("{}: remote range wraps the address space", self.shared.config.name);
+            log::error!(
+                "{}: remote range wraps the address space",
+                self.shared.config.name
+            );
             return;
         };
         // Payload of the whole chunk, read through the sender's MR table.
@@ -229,14 +247,16 @@ impl TxEngine {
             }
             let payload = &mut self.payload;
             let dma = &mut *self.dma;
-            state.tables.translate(lkey_index, s1.laddr.0, len, |dev, off, plen| {
-                if fault.is_none() {
-                    let dst = &mut payload[off as usize..(off + plen) as usize];
-                    if let Err(e) = dma.read(dev, dst) {
-                        fault = Some(e);
+            state
+                .tables
+                .translate(lkey_index, s1.laddr.0, len, |dev, off, plen| {
+                    if fault.is_none() {
+                        let dst = &mut payload[off as usize..(off + plen) as usize];
+                        if let Err(e) = dma.read(dev, dst) {
+                            fault = Some(e);
+                        }
                     }
-                }
-            });
+                });
         }
         if let Some(e) = fault {
             NicStats::bump(&stats.dma_faults);
@@ -256,11 +276,7 @@ impl TxEngine {
             let first = s1.is_first && k == 0;
             let last = s1.is_last && k + 1 == n;
             let opcode = opcode_for(op, first, last);
-            let mut h = PacketHeaders::new(Bth {
-                opcode,
-                psn,
-                ..bth
-            });
+            let mut h = PacketHeaders::new(Bth { opcode, psn, ..bth });
             let plen = end - start;
             h.reth = Some(Reth {
                 va: VirtAddr(start),
@@ -298,7 +314,12 @@ impl TxEngine {
         }
     }
 
-    fn emit(&mut self, envelope: FrameEnvelope, headers: PacketHeaders, payload: impl PayloadRange) {
+    fn emit(
+        &mut self,
+        envelope: FrameEnvelope,
+        headers: PacketHeaders,
+        payload: impl PayloadRange,
+    ) {
         let packet = RocePacket { envelope, headers };
         let bytes = payload.slice(&self.payload);
         let mut frame = vec![0u8; packet.frame_len(bytes.len())];
@@ -325,7 +346,10 @@ impl TxEngine {
             let len = tx.len as usize;
             if len == 0 || len > MAX_SIMPLE_FRAME {
                 NicStats::bump(&self.shared.stats.bad_wqes);
-                log::error!("{}: simple-NIC frame of {len} bytes refused", self.shared.config.name);
+                log::error!(
+                    "{}: simple-NIC frame of {len} bytes refused",
+                    self.shared.config.name
+                );
                 continue;
             }
             let mut frame = vec![0u8; len];
@@ -336,7 +360,10 @@ impl TxEngine {
                 }
                 Err(e) => {
                     NicStats::bump(&self.shared.stats.dma_faults);
-                    log::error!("{}: simple-NIC frame read failed: {e}", self.shared.config.name);
+                    log::error!(
+                        "{}: simple-NIC frame read failed: {e}",
+                        self.shared.config.name
+                    );
                 }
             }
         }
@@ -411,7 +438,10 @@ mod tests {
         use RdmaOpcode as R;
         use WorkReqOpcode as W;
         assert_eq!(opcode_for(W::Write, true, true), R::WriteOnly);
-        assert_eq!(opcode_for(W::WriteWithImm, false, true), R::WriteLastWithImm);
+        assert_eq!(
+            opcode_for(W::WriteWithImm, false, true),
+            R::WriteLastWithImm
+        );
         assert_eq!(opcode_for(W::WriteWithImm, true, false), R::WriteFirst);
         assert_eq!(opcode_for(W::SendWithImm, false, false), R::SendMiddle);
         assert_eq!(opcode_for(W::ReadResp, false, true), R::ReadResponseLast);
