@@ -230,7 +230,7 @@ impl CmdRequest {
     /// The request descriptor: the fields, `user_data`, has_next = 0 and valid = 1 (which the
     /// RTL ignores on this ring). Values wider than their field are truncated to it;
     /// [`CmdRequest::validate`] reports them first.
-    #[inline]
+    #[inline(always)]
     pub fn encode(&self, user_data: u8) -> RawDesc {
         let mut d = RawDesc::with_header(self.opcode().raw(), false);
         d.set(USER_DATA, user_data.into());
@@ -249,7 +249,7 @@ impl CmdRequest {
     ///
     /// Errors: an op code the card does not execute (5..=7 mod 8: the card never answers
     /// these), an invalid pmtu, an UpdatePGT entry count above 64, has_next = 1.
-    #[inline]
+    #[inline(always)]
     pub fn decode(d: &RawDesc) -> Result<(CmdRequest, u8), DescError> {
         let req = match CmdOpcode::decode_rtl(d.op_code()) {
             CmdOpcode::UpdateMrTable => CmdRequest::UpdateMrTable(UpdateMrTable::decode_fields(d)),
@@ -514,7 +514,7 @@ impl CmdResponse {
     }
 
     /// The response descriptor: body, user_data, is_success, op code, has_next = 0, valid = 1.
-    #[inline]
+    #[inline(always)]
     pub fn encode(&self) -> RawDesc {
         let mut d = RawDesc::with_header(self.op.raw(), false);
         d.0[..ECHO_LEN].copy_from_slice(&self.echo);
@@ -525,7 +525,7 @@ impl CmdResponse {
 
     /// Decodes a response. The valid bit is the ring's business and is not checked; a
     /// response with has_next = 1 is an error (the card never writes one).
-    #[inline]
+    #[inline(always)]
     pub fn decode(d: &RawDesc) -> Result<Self, DescError> {
         if d.has_next() {
             return Err(DescError::UnexpectedHasNext {
