@@ -230,48 +230,16 @@ impl CmdRequest {
     /// The request descriptor: the fields, `user_data`, has_next = 0 and valid = 1 (which the
     /// RTL ignores on this ring). Values wider than their field are truncated to it;
     /// [`CmdRequest::validate`] reports them first.
-    #[inline]
+    #[inline(always)]
     pub fn encode(&self, user_data: u8) -> RawDesc {
         let mut d = RawDesc::with_header(self.opcode().raw(), false);
         d.set(USER_DATA, user_data.into());
         match self {
-            CmdRequest::UpdateMrTable(c) => {
-                d.set(mr::PGT_OFFSET, c.pgt_offset.into());
-                d.set(mr::ACC_FLAGS, c.acc_flags.bits().into());
-                d.set(mr::PD, c.pd.into());
-                d.set(mr::MR_KEY, c.mr_key.get().into());
-                d.set(mr::MR_LENGTH, c.mr_length.into());
-                d.set(mr::MR_BASE_VA, c.mr_base_va.get());
-            }
-            CmdRequest::UpdatePgt(c) => {
-                d.set(
-                    pgt::ZERO_BASED_ENTRY_COUNT,
-                    c.entry_count.wrapping_sub(1).into(),
-                );
-                d.set(pgt::START_INDEX, c.start_index.into());
-                d.set(pgt::DMA_ADDR, c.dma_addr.get());
-            }
-            CmdRequest::ManageQp(c) => {
-                d.set(qp::PEER_MAC_ADDR, c.peer_mac.to_bits());
-                d.set(qp::LOCAL_UDP_PORT, c.local_udp_port.into());
-                d.set(qp::PMTU, c.pmtu.to_ibv().into());
-                d.set(qp::QP_TYPE, c.qp_type.to_ibv().into());
-                d.set(qp::RQ_ACCESS_FLAGS, c.rq_access_flags.bits().into());
-                d.set(qp::PEER_QPN, c.peer_qpn.get().into());
-                d.set(qp::QPN, c.qpn.get().into());
-                d.set_bit(qp::IS_ERROR, c.is_error);
-                d.set_bit(qp::IS_VALID, c.is_valid);
-                d.set(qp::IP_ADDR, u32::from(c.peer_ip).into());
-            }
-            CmdRequest::SetNetworkParam(c) => {
-                d.set(net::MAC_ADDR, c.mac.to_bits());
-                d.set(net::IP_ADDR, u32::from(c.ip).into());
-                d.set(net::NETMASK, u32::from(c.netmask).into());
-                d.set(net::GATEWAY, u32::from(c.gateway).into());
-            }
-            CmdRequest::SetRawPacketReceiveMeta(c) => {
-                d.set(WRITE_BASE_ADDR, c.write_base_addr.get());
-            }
+            CmdRequest::UpdateMrTable(c) => c.encode_fields(&mut d),
+            CmdRequest::UpdatePgt(c) => c.encode_fields(&mut d),
+            CmdRequest::ManageQp(c) => c.encode_fields(&mut d),
+            CmdRequest::SetNetworkParam(c) => c.encode_fields(&mut d),
+            CmdRequest::SetRawPacketReceiveMeta(c) => c.encode_fields(&mut d),
         }
         d
     }
@@ -280,17 +248,19 @@ impl CmdRequest {
     /// valid and is_extended_op_code ignored) and returns it with its user_data.
     ///
     /// Errors: an op code the card does not execute (5..=7 mod 8: the card never answers
-    /// these), has_next = 1, an invalid pmtu or an UpdatePGT entry count above 64.
-    #[inline]
+    /// these), an invalid pmtu, an UpdatePGT entry count above 64, has_next = 1.
+    #[inline(always)]
     pub fn decode(d: &RawDesc) -> Result<(CmdRequest, u8), DescError> {
-        let user_data = d.get(USER_DATA) as u8;
-        let op = CmdOpcode::decode_rtl(d.op_code());
-        let kind = match op {
-            CmdOpcode::UpdateMrTable => DescKind::UpdateMrTable,
-            CmdOpcode::UpdatePgt => DescKind::UpdatePgt,
-            CmdOpcode::ManageQp => DescKind::ManageQp,
-            CmdOpcode::SetNetworkParam => DescKind::SetNetworkParam,
-            CmdOpcode::SetRawPacketReceiveMeta => DescKind::SetRawPacketReceiveMeta,
+        let req = match CmdOpcode::decode_rtl(d.op_code()) {
+            CmdOpcode::UpdateMrTable => CmdRequest::UpdateMrTable(UpdateMrTable::decode_fields(d)),
+            CmdOpcode::UpdatePgt => CmdRequest::UpdatePgt(UpdatePgt::decode_fields(d)?),
+            CmdOpcode::ManageQp => CmdRequest::ManageQp(ManageQp::decode_fields(d)?),
+            CmdOpcode::SetNetworkParam => {
+                CmdRequest::SetNetworkParam(SetNetworkParam::decode_fields(d))
+            }
+            CmdOpcode::SetRawPacketReceiveMeta => {
+                CmdRequest::SetRawPacketReceiveMeta(SetRawPacketReceiveMeta::decode_fields(d))
+            }
             CmdOpcode::UpdateErrorPsnRecoverPoint | CmdOpcode::Unknown(_) => {
                 return Err(DescError::UnknownOpCode {
                     desc: DescKind::CmdRequest,
@@ -300,68 +270,22 @@ impl CmdRequest {
         };
         if d.has_next() {
             return Err(DescError::UnexpectedHasNext {
-                desc: kind,
+                desc: req.kind(),
                 has_next: true,
             });
         }
-        let req = match op {
-            CmdOpcode::UpdateMrTable => CmdRequest::UpdateMrTable(UpdateMrTable {
-                mr_base_va: VirtAddr(d.get(mr::MR_BASE_VA)),
-                mr_length: d.get(mr::MR_LENGTH) as u32,
-                mr_key: MrKey::from_raw(d.get(mr::MR_KEY) as u32),
-                pd: d.get(mr::PD) as u32,
-                acc_flags: AccessFlags::from_bits_retain(d.get(mr::ACC_FLAGS) as u8),
-                pgt_offset: d.get(mr::PGT_OFFSET) as u32,
-            }),
-            CmdOpcode::UpdatePgt => {
-                let zero_based = d.get(pgt::ZERO_BASED_ENTRY_COUNT);
-                if zero_based >= u64::from(MAX_PGT_ENTRIES) {
-                    return Err(DescError::InvalidField {
-                        desc: kind,
-                        field: "zero_based_entry_count",
-                        raw: zero_based,
-                    });
-                }
-                CmdRequest::UpdatePgt(UpdatePgt {
-                    dma_addr: DeviceAddr(d.get(pgt::DMA_ADDR)),
-                    start_index: d.get(pgt::START_INDEX) as u32,
-                    entry_count: zero_based as u32 + 1,
-                })
-            }
-            CmdOpcode::ManageQp => {
-                let raw_pmtu = d.get(qp::PMTU);
-                let Some(pmtu) = Pmtu::from_ibv(raw_pmtu as u8) else {
-                    return Err(DescError::InvalidField {
-                        desc: kind,
-                        field: "pmtu",
-                        raw: raw_pmtu,
-                    });
-                };
-                CmdRequest::ManageQp(ManageQp {
-                    is_valid: d.bit(qp::IS_VALID),
-                    is_error: d.bit(qp::IS_ERROR),
-                    qpn: Qpn::from_raw(d.get(qp::QPN) as u32),
-                    peer_qpn: Qpn::from_raw(d.get(qp::PEER_QPN) as u32),
-                    rq_access_flags: AccessFlags::from_bits_retain(d.get(qp::RQ_ACCESS_FLAGS) as u8),
-                    qp_type: QpType::from_ibv(d.get(qp::QP_TYPE) as u32),
-                    pmtu,
-                    local_udp_port: d.get(qp::LOCAL_UDP_PORT) as u16,
-                    peer_mac: MacAddr::from_bits(d.get(qp::PEER_MAC_ADDR)),
-                    peer_ip: Ipv4Addr::from(d.get(qp::IP_ADDR) as u32),
-                })
-            }
-            CmdOpcode::SetNetworkParam => CmdRequest::SetNetworkParam(SetNetworkParam {
-                mac: MacAddr::from_bits(d.get(net::MAC_ADDR)),
-                ip: Ipv4Addr::from(d.get(net::IP_ADDR) as u32),
-                netmask: Ipv4Addr::from(d.get(net::NETMASK) as u32),
-                gateway: Ipv4Addr::from(d.get(net::GATEWAY) as u32),
-            }),
-            // Only SetRawPacketReceiveMeta is left: the other op codes returned above.
-            _ => CmdRequest::SetRawPacketReceiveMeta(SetRawPacketReceiveMeta {
-                write_base_addr: DeviceAddr(d.get(WRITE_BASE_ADDR)),
-            }),
-        };
-        Ok((req, user_data))
+        Ok((req, d.get(USER_DATA) as u8))
+    }
+
+    /// The descriptor kind named in errors.
+    const fn kind(&self) -> DescKind {
+        match self {
+            CmdRequest::UpdateMrTable(_) => DescKind::UpdateMrTable,
+            CmdRequest::UpdatePgt(_) => DescKind::UpdatePgt,
+            CmdRequest::ManageQp(_) => DescKind::ManageQp,
+            CmdRequest::SetNetworkParam(_) => DescKind::SetNetworkParam,
+            CmdRequest::SetRawPacketReceiveMeta(_) => DescKind::SetRawPacketReceiveMeta,
+        }
     }
 
     /// Checks the values that do not fit their field or that the card rejects: pgt_offset
@@ -392,6 +316,129 @@ impl CmdRequest {
                 }
             }
             _ => Ok(()),
+        }
+    }
+}
+
+impl UpdateMrTable {
+    #[inline(always)]
+    fn encode_fields(&self, d: &mut RawDesc) {
+        d.set(mr::PGT_OFFSET, self.pgt_offset.into());
+        d.set(mr::ACC_FLAGS, self.acc_flags.bits().into());
+        d.set(mr::PD, self.pd.into());
+        d.set(mr::MR_KEY, self.mr_key.get().into());
+        d.set(mr::MR_LENGTH, self.mr_length.into());
+        d.set(mr::MR_BASE_VA, self.mr_base_va.get());
+    }
+    #[inline(always)]
+    fn decode_fields(d: &RawDesc) -> Self {
+        UpdateMrTable {
+            mr_base_va: VirtAddr(d.get(mr::MR_BASE_VA)),
+            mr_length: d.get(mr::MR_LENGTH) as u32,
+            mr_key: MrKey::from_raw(d.get(mr::MR_KEY) as u32),
+            pd: d.get(mr::PD) as u32,
+            acc_flags: AccessFlags::from_bits_retain(d.get(mr::ACC_FLAGS) as u8),
+            pgt_offset: d.get(mr::PGT_OFFSET) as u32,
+        }
+    }
+}
+
+impl UpdatePgt {
+    #[inline(always)]
+    fn encode_fields(&self, d: &mut RawDesc) {
+        d.set(
+            pgt::ZERO_BASED_ENTRY_COUNT,
+            self.entry_count.wrapping_sub(1).into(),
+        );
+        d.set(pgt::START_INDEX, self.start_index.into());
+        d.set(pgt::DMA_ADDR, self.dma_addr.get());
+    }
+    /// The RTL checks the whole 32-bit count against its 512-byte limit.
+    #[inline(always)]
+    fn decode_fields(d: &RawDesc) -> Result<Self, DescError> {
+        let zero_based = d.get(pgt::ZERO_BASED_ENTRY_COUNT);
+        if zero_based >= u64::from(MAX_PGT_ENTRIES) {
+            return Err(DescError::InvalidField {
+                desc: DescKind::UpdatePgt,
+                field: "zero_based_entry_count",
+                raw: zero_based,
+            });
+        }
+        Ok(UpdatePgt {
+            dma_addr: DeviceAddr(d.get(pgt::DMA_ADDR)),
+            start_index: d.get(pgt::START_INDEX) as u32,
+            entry_count: zero_based as u32 + 1,
+        })
+    }
+}
+
+impl ManageQp {
+    #[inline(always)]
+    fn encode_fields(&self, d: &mut RawDesc) {
+        d.set(qp::PEER_MAC_ADDR, self.peer_mac.to_bits());
+        d.set(qp::LOCAL_UDP_PORT, self.local_udp_port.into());
+        d.set(qp::PMTU, self.pmtu.to_ibv().into());
+        d.set(qp::QP_TYPE, self.qp_type.to_ibv().into());
+        d.set(qp::RQ_ACCESS_FLAGS, self.rq_access_flags.bits().into());
+        d.set(qp::PEER_QPN, self.peer_qpn.get().into());
+        d.set(qp::QPN, self.qpn.get().into());
+        d.set_bit(qp::IS_ERROR, self.is_error);
+        d.set_bit(qp::IS_VALID, self.is_valid);
+        d.set(qp::IP_ADDR, u32::from(self.peer_ip).into());
+    }
+    #[inline(always)]
+    fn decode_fields(d: &RawDesc) -> Result<Self, DescError> {
+        let raw_pmtu = d.get(qp::PMTU);
+        let Some(pmtu) = Pmtu::from_ibv(raw_pmtu as u8) else {
+            return Err(DescError::InvalidField {
+                desc: DescKind::ManageQp,
+                field: "pmtu",
+                raw: raw_pmtu,
+            });
+        };
+        Ok(ManageQp {
+            is_valid: d.bit(qp::IS_VALID),
+            is_error: d.bit(qp::IS_ERROR),
+            qpn: Qpn::from_raw(d.get(qp::QPN) as u32),
+            peer_qpn: Qpn::from_raw(d.get(qp::PEER_QPN) as u32),
+            rq_access_flags: AccessFlags::from_bits_retain(d.get(qp::RQ_ACCESS_FLAGS) as u8),
+            qp_type: QpType::from_ibv(d.get(qp::QP_TYPE) as u32),
+            pmtu,
+            local_udp_port: d.get(qp::LOCAL_UDP_PORT) as u16,
+            peer_mac: MacAddr::from_bits(d.get(qp::PEER_MAC_ADDR)),
+            peer_ip: Ipv4Addr::from(d.get(qp::IP_ADDR) as u32),
+        })
+    }
+}
+
+impl SetNetworkParam {
+    #[inline(always)]
+    fn encode_fields(&self, d: &mut RawDesc) {
+        d.set(net::MAC_ADDR, self.mac.to_bits());
+        d.set(net::IP_ADDR, u32::from(self.ip).into());
+        d.set(net::NETMASK, u32::from(self.netmask).into());
+        d.set(net::GATEWAY, u32::from(self.gateway).into());
+    }
+    #[inline(always)]
+    fn decode_fields(d: &RawDesc) -> Self {
+        SetNetworkParam {
+            mac: MacAddr::from_bits(d.get(net::MAC_ADDR)),
+            ip: Ipv4Addr::from(d.get(net::IP_ADDR) as u32),
+            netmask: Ipv4Addr::from(d.get(net::NETMASK) as u32),
+            gateway: Ipv4Addr::from(d.get(net::GATEWAY) as u32),
+        }
+    }
+}
+
+impl SetRawPacketReceiveMeta {
+    #[inline(always)]
+    fn encode_fields(&self, d: &mut RawDesc) {
+        d.set(WRITE_BASE_ADDR, self.write_base_addr.get());
+    }
+    #[inline(always)]
+    fn decode_fields(d: &RawDesc) -> Self {
+        SetRawPacketReceiveMeta {
+            write_base_addr: DeviceAddr(d.get(WRITE_BASE_ADDR)),
         }
     }
 }
@@ -467,7 +514,7 @@ impl CmdResponse {
     }
 
     /// The response descriptor: body, user_data, is_success, op code, has_next = 0, valid = 1.
-    #[inline]
+    #[inline(always)]
     pub fn encode(&self) -> RawDesc {
         let mut d = RawDesc::with_header(self.op.raw(), false);
         d.0[..ECHO_LEN].copy_from_slice(&self.echo);
@@ -478,7 +525,7 @@ impl CmdResponse {
 
     /// Decodes a response. The valid bit is the ring's business and is not checked; a
     /// response with has_next = 1 is an error (the card never writes one).
-    #[inline]
+    #[inline(always)]
     pub fn decode(d: &RawDesc) -> Result<Self, DescError> {
         if d.has_next() {
             return Err(DescError::UnexpectedHasNext {

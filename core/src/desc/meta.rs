@@ -263,7 +263,7 @@ impl MetaReport {
     /// The descriptors the card writes for this report: valid = 1 on both, has_next = 1 on
     /// the first of a pair. The op code is `PacketInfo::opcode` for packets (so a
     /// `ReadRequest` should carry [`RdmaOpcode::ReadRequest`]) and 0x11 for ACKs.
-    #[inline]
+    #[inline(always)]
     pub fn encode(&self) -> (RawDesc, Option<RawDesc>) {
         match self {
             MetaReport::Packet(p) => (p.encode(false), None),
@@ -279,7 +279,7 @@ impl MetaReport {
     /// Errors: an op code the card does not report ([`DescError::UnknownOpCode`]), a second
     /// descriptor missing or unexpected, one with another op code or with has_next = 1, a
     /// PacketBasicInfo other than a READ request with has_next = 1, a READ request alone.
-    #[inline]
+    #[inline(always)]
     pub fn decode(first: &RawDesc, second: Option<&RawDesc>) -> Result<MetaReport, DescError> {
         let op = first.op_code();
         let kind = match op {

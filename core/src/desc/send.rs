@@ -319,14 +319,14 @@ pub struct SendRequest {
 
 impl SendRequest {
     /// The two descriptors, Seg0 then Seg1; both carry `seg0.op`.
-    #[inline]
+    #[inline(always)]
     pub fn encode(&self) -> [RawDesc; 2] {
         [self.seg0.encode(), self.seg1.encode(self.seg0.op)]
     }
 
     /// Writes the two descriptors in place (each slot is written whole, once), for a ring
     /// whose Seg0 and Seg1 slots need not be adjacent (a pair may straddle the ring end).
-    #[inline]
+    #[inline(always)]
     pub fn encode_into(&self, seg0: &mut RawDesc, seg1: &mut RawDesc) {
         *seg0 = self.seg0.encode();
         *seg1 = self.seg1.encode(self.seg0.op);
@@ -334,7 +334,7 @@ impl SendRequest {
 
     /// Decodes a pair as the RTL pairs it, rejecting what the RTL would silently mis-pair
     /// (correction 6): `seg0` must have has_next = 1 and `seg1` has_next = 0.
-    #[inline]
+    #[inline(always)]
     pub fn decode(seg0: &RawDesc, seg1: &RawDesc) -> Result<Self, DescError> {
         Ok(SendRequest {
             seg0: SendSeg0::decode(seg0)?,
