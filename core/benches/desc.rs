@@ -114,7 +114,7 @@ fn digest_send(r: &SendRequest) -> u64 {
     u64::from(a.op.raw())
         ^ u64::from(a.flags.bits()) << 1
         ^ u64::from(a.dqpn.get()) << 2
-        ^ u64::from(a.qp_type.raw()) << 3
+        ^ u64::from(a.qp_type.to_ibv()) << 3
         ^ u64::from(a.psn) << 4
         ^ a.raddr.get()
         ^ u64::from(u32::from(a.dqp_ip)) << 5
@@ -144,7 +144,7 @@ fn digest_cmd(r: &CmdRequest) -> u64 {
                 ^ u64::from(q.qpn.get()) << 2
                 ^ u64::from(q.peer_qpn.get()) << 3
                 ^ u64::from(q.rq_access_flags.bits()) << 4
-                ^ u64::from(q.qp_type.raw()) << 5
+                ^ u64::from(q.qp_type.to_ibv()) << 5
                 ^ u64::from(q.pmtu.to_ibv()) << 6
                 ^ u64::from(q.local_udp_port) << 7
                 ^ q.peer_mac.to_bits() << 8
