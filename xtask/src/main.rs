@@ -180,35 +180,14 @@ fn test_suites(root: &Path, logs: &Path, cmd: &str) -> Vec<Row> {
     let start = Instant::now();
     let log = log_path(logs, "tests");
     let (ok, out) = run_logged(root, &log, cmd);
-    let mut rows = Vec::new();
-    let mut current = String::from("(build)");
-    for line in out.lines() {
-        let t = line.trim();
-        if let Some(rest) = t.strip_prefix("Running ") {
-            current = suite_name(rest);
-        } else if t.starts_with("Doc-tests ") {
-            current = format!("doc {}", t.trim_start_matches("Doc-tests "));
-        } else if let Some(res) = t.strip_prefix("test result: ") {
-            let (p, f) = parse_counts(res);
-            let time = parse_secs(res);
-            if p + f > 0 {
-                rows.push(Row {
-                    suite: current.clone(),
-                    passed: p,
-                    failed: f,
-                    time,
-                    note: String::new(),
-                });
-            }
-        }
-    }
+    let mut rows = parse_test_output(&out, &log);
     let counted_failures: u64 = rows.iter().map(|r| r.failed).sum();
     if !ok {
         print_tail(&out, 60);
         if counted_failures == 0 {
-            // A build error or a crashed test binary: no "test result" line says so.
+            // A build error: no test binary ran, so no row says so.
             rows.push(Row {
-                suite: "tests (build or crash)".into(),
+                suite: "tests (build)".into(),
                 passed: 0,
                 failed: 1,
                 time: start.elapsed(),
@@ -216,6 +195,51 @@ fn test_suites(root: &Path, logs: &Path, cmd: &str) -> Vec<Row> {
             });
         }
     }
+    rows
+}
+
+/// One row per test binary in the output of `cargo test`. A binary that started but printed
+/// no `test result:` line crashed (signal, abort, exit from a test) and counts as one failure.
+fn parse_test_output(out: &str, log: &Path) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut current: Option<String> = None;
+    let crashed = |suite: String| Row {
+        suite,
+        passed: 0,
+        failed: 1,
+        time: Duration::ZERO,
+        note: format!("crashed before its summary; see {}", log.display()),
+    };
+    for line in out.lines() {
+        let t = line.trim();
+        let started = if let Some(rest) = t.strip_prefix("Running ") {
+            Some(suite_name(rest))
+        } else {
+            t.strip_prefix("Doc-tests ")
+                .map(|name| format!("doc {name}"))
+        };
+        if let Some(next) = started {
+            rows.extend(current.replace(next).map(crashed));
+        } else if let Some(res) = t.strip_prefix("test result: ") {
+            let (p, f) = parse_counts(res);
+            if let Some(suite) = current.take() {
+                if p + f > 0 {
+                    rows.push(Row {
+                        suite,
+                        passed: p,
+                        failed: f,
+                        time: parse_secs(res),
+                        note: if f > 0 {
+                            format!("see {}", log.display())
+                        } else {
+                            String::new()
+                        },
+                    });
+                }
+            }
+        }
+    }
+    rows.extend(current.map(crashed));
     rows
 }
 
@@ -363,6 +387,38 @@ mod tests {
         assert_eq!(
             parse_secs("ok. 1 passed; finished in 1.50s"),
             Duration::from_millis(1500)
+        );
+    }
+
+    #[test]
+    fn a_binary_without_a_summary_counts_as_failed() {
+        let out = "\
+     Running unittests src/lib.rs (target/debug/deps/bluerdma_core-22212384905e3e03)
+test result: ok. 5 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.10s
+     Running tests/ring_model.rs (target/debug/deps/ring_model-0123)
+running 1 test
+error: test failed, to rerun pass `-p bluerdma-core --test ring_model`
+process didn't exit successfully: (signal: 6, SIGABRT: process abort signal)
+     Running tests/golden_desc.rs (target/debug/deps/golden_desc-0123)
+test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s
+   Doc-tests bluerdma_core
+test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s
+     Running tests/wire_fuzz.rs (target/debug/deps/wire_fuzz-0123)
+running 3 tests
+";
+        let rows = parse_test_output(out, Path::new("tests.log"));
+        let table: Vec<(&str, u64, u64)> = rows
+            .iter()
+            .map(|r| (r.suite.as_str(), r.passed, r.failed))
+            .collect();
+        assert_eq!(
+            table,
+            [
+                ("bluerdma_core unit", 5, 0),
+                ("ring_model", 0, 1),
+                ("golden_desc", 2, 1),
+                ("wire_fuzz", 0, 1),
+            ]
         );
     }
 
