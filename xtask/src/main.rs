@@ -57,7 +57,11 @@ fn project_root() -> PathBuf {
 }
 
 fn sim() -> Result<(), String> {
-    Err("the emulated NIC is not built yet (issue B); `cargo xtask sim` arrives with it".into())
+    Err(
+        "`cargo xtask sim` needs the driver engine (issue C) on top of the emulated NIC \
+         (issue B); it is not available yet"
+            .into(),
+    )
 }
 
 /// One row of the summary table.
