@@ -76,6 +76,7 @@ struct Row {
 /// Runs every check and prints one summary table.
 fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     let quick = args.iter().any(|a| a == "--quick");
+    let start = Instant::now();
     let logs = root.join("target").join("xtask");
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let mut rows: Vec<Row> = Vec::new();
@@ -108,7 +109,12 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     print_table(&rows);
     let passed: u64 = rows.iter().map(|r| r.passed).sum();
     let failed: u64 = rows.iter().map(|r| r.failed).sum();
-    println!("ci: {passed} passed, {failed} failed");
+    let total = start.elapsed().as_secs();
+    println!(
+        "ci: {passed} passed, {failed} failed in {}m{:02}s (wall, builds included)",
+        total / 60,
+        total % 60
+    );
     if failed > 0 {
         Err(format!(
             "{failed} check(s) failed; logs in {}",
