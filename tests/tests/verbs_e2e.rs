@@ -206,3 +206,85 @@ fn write_with_bad_rkey_fails_with_retry_exceeded_and_writes_nothing() {
         bluerdma_core::qp::QpState::Err
     );
 }
+
+fn faulty_devices(spec: &str) -> (Context, Context) {
+    use bluerdma_sim::link::{FaultConfig, FaultyLink};
+    let hub = MemHub::new();
+    let faults: FaultConfig = spec.parse().unwrap();
+    let l0 = FaultyLink::new(hub.attach(IP0).unwrap(), faults).unwrap();
+    let mut f1 = faults;
+    f1.seed ^= 0x5555;
+    let l1 = FaultyLink::new(hub.attach(IP1).unwrap(), f1).unwrap();
+    let a = Context::open_emulated(DeviceSpec::new("blue0", IP0), Box::new(l0)).unwrap();
+    let b = Context::open_emulated(DeviceSpec::new("blue1", IP1), Box::new(l1)).unwrap();
+    (a, b)
+}
+
+#[test]
+fn five_percent_loss_with_duplication_and_reordering_still_delivers_every_byte() {
+    let (a, b) = faulty_devices("drop=0.05,dup=0.02,reorder=0.02,seed=7");
+    let (sa, sb) = connect_with(&a, &b, 12, 7);
+    let size = 4 << 20;
+    let mut src = sa.pd.alloc_mr(size, ALL).unwrap();
+    for (i, x) in src.bytes_mut().unwrap().iter_mut().enumerate() {
+        *x = (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1];
+    }
+    let dst = sb.pd.alloc_mr(size, ALL).unwrap();
+    let chunk = 256 * 1024;
+    let wrs: Vec<SendWr> = (0..size / chunk)
+        .map(|k| write_wr(k as u64, &src, k * chunk, chunk, &dst, k * chunk))
+        .collect();
+    // SAFETY: the MRs outlive the completions.
+    unsafe { sa.qp.post_send(&wrs).unwrap() };
+    let wc = sa.cq.wait(wrs.len(), Duration::from_secs(60)).unwrap();
+    assert_eq!(
+        wc.len(),
+        wrs.len(),
+        "all complete; a {:?} b {:?}",
+        a.stats(),
+        b.stats()
+    );
+    for (k, w) in wc.iter().enumerate() {
+        assert_eq!(
+            (w.wr_id, w.status),
+            (k as u64, WcStatus::Success),
+            "a {:?}",
+            a.stats()
+        );
+    }
+    assert!(
+        src.bytes().unwrap() == dst.bytes().unwrap(),
+        "every byte verified"
+    );
+    assert!(
+        a.stats().retransmits > 0,
+        "the loss was real: {:?}",
+        a.stats()
+    );
+}
+
+#[test]
+fn peer_stopped_gives_retry_exceeded_within_the_configured_time() {
+    let (a, b) = two_devices();
+    let (sa, sb) = connect_with(&a, &b, 12, 3);
+    let src = sa.pd.alloc_mr(4096, ALL).unwrap();
+    let dst_key = sb.pd.alloc_mr(4096, ALL).unwrap();
+    let wr = write_wr(9, &src, 0, 4096, &dst_key, 0);
+    drop(sb);
+    drop(dst_key);
+    drop(b);
+    let start = std::time::Instant::now();
+    // SAFETY: `src` outlives the completion; the remote is gone, nothing is written there.
+    unsafe { sa.qp.post_send(&[wr]).unwrap() };
+    let wc = sa.cq.wait(1, Duration::from_secs(10)).unwrap();
+    let took = start.elapsed();
+    assert_eq!(wc.len(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].status), (9, WcStatus::RetryExcErr));
+    // timeout 12 = 16.8 ms; 1 try + 3 retries = 4 timeouts = 67 ms.
+    let expected = Duration::from_nanos(4096 << 12) * 4;
+    assert!(
+        took >= expected.mul_f32(0.9),
+        "not before the configured time: {took:?}"
+    );
+    assert!(took < expected * 3, "and not long after: {took:?}");
+}
