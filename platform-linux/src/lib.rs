@@ -8,6 +8,7 @@
 
 pub use bluerdma_core as core;
 
+pub mod debug;
 pub mod storage;
 pub mod verbs;
 

@@ -204,6 +204,18 @@ impl Context {
             .unwrap_or_default()
     }
 
+    /// A state dump: the engine's rings, QPs, MRs and counters, then the emulated card's
+    /// counters.
+    pub fn dump(&self) -> String {
+        let now = self.inner.now();
+        let mut s = String::new();
+        let _ = self.inner.lock().dump(&mut s, now);
+        s.push_str("card: ");
+        s.push_str(&self.card_stats());
+        s.push('\n');
+        s
+    }
+
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<Pd, Error> {
         let pd = self.inner.lock().alloc_pd().map_err(err("alloc_pd"))?;

@@ -288,3 +288,27 @@ fn peer_stopped_gives_retry_exceeded_within_the_configured_time() {
     );
     assert!(took < expected * 3, "and not long after: {took:?}");
 }
+
+#[test]
+fn state_dump_shows_rings_qps_mrs_and_counters() {
+    let (a, b) = two_devices();
+    let (sa, sb) = connect(&a, &b);
+    let src = sa.pd.alloc_mr(8192, ALL).unwrap();
+    let dst = sb.pd.alloc_mr(8192, ALL).unwrap();
+    // SAFETY: the MRs outlive the completion.
+    unsafe {
+        sa.qp
+            .post_send(&[write_wr(1, &src, 0, 8192, &dst, 0)])
+            .unwrap()
+    };
+    assert_eq!(sa.cq.wait(1, Duration::from_secs(10)).unwrap().len(), 1);
+    let d = a.dump();
+    assert!(
+        d.contains(&format!("qp {:#08x} RTS", sa.qp.qpn().get())),
+        "{d}"
+    );
+    assert!(d.contains(&format!("key {:#010x}", src.key().get())), "{d}");
+    assert!(d.contains("send "), "{d}");
+    assert!(d.contains("chunks: 1"), "{d}");
+    assert!(d.contains("card: "), "{d}");
+}

@@ -30,6 +30,9 @@ use crate::wire::{AckVerdict, DriverAckFrame};
 use super::error::VerbsError;
 use super::types::*;
 
+#[path = "dump.rs"]
+mod dump;
+
 /// Largest chunk the driver hands the card (64 KiB, ARCHITECTURE.md).
 pub const CHUNK_BYTES: u32 = 64 * 1024;
 /// Size of one ACK frame slot in the driver's simple-NIC TX buffer.
