@@ -255,26 +255,38 @@ fn progress_loop(inner: &Inner) {
     let mut idle_rounds = 0u32;
     while !inner.stop.load(Ordering::Acquire) {
         let now = inner.now();
-        let (work, deadline) = {
-            let mut dev = inner.lock();
-            let w = dev.poll(now);
-            (w, dev.next_deadline())
+        // try_lock: an application thread inside a verb drives progress itself; the progress
+        // thread never makes it wait (on two cores a contended lock costs more than a poll).
+        let polled = match inner.dev.try_lock() {
+            Ok(mut dev) => {
+                let w = dev.poll(now);
+                Some((w, dev.next_deadline()))
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                let mut dev = p.into_inner();
+                let w = dev.poll(now);
+                Some((w, dev.next_deadline()))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        let Some((work, deadline)) = polled else {
+            thread::yield_now();
+            continue;
         };
         if work {
             idle_rounds = 0;
             continue;
         }
         idle_rounds = idle_rounds.saturating_add(1);
-        if idle_rounds < 2_000 {
-            // Spin briefly: a reply or an ACK usually follows within microseconds.
-            std::hint::spin_loop();
-            if idle_rounds % 64 == 0 {
-                thread::yield_now();
-            }
+        if idle_rounds < 64 {
+            // A reply or an ACK usually follows within microseconds: stay close, but let
+            // the card's threads run.
+            thread::yield_now();
             continue;
         }
-        // Back off: 50 us doubling to 1 ms, never past a retransmission deadline.
-        let backoff = Duration::from_micros(50u64 << (idle_rounds - 2_000).min(5));
+        // Back off: 20 us doubling to 1 ms, never past a retransmission deadline.
+        let backoff =
+            Duration::from_micros(20u64 << (idle_rounds - 64).min(6)).min(Duration::from_millis(1));
         let until_deadline = deadline
             .map(|d| Duration::from_nanos(d.0.saturating_sub(inner.now().0)))
             .unwrap_or(backoff);

@@ -114,6 +114,8 @@ pub struct EngineStats {
     pub bad_reports: u64,
     /// ACK frames sent.
     pub acks_sent: u64,
+    /// NAK frames sent (a hole seen in the card's quiet report).
+    pub naks_sent: u64,
     /// Retransmissions started (timeout or NAK).
     pub retransmits: u64,
     /// Retransmission timer expiries.
@@ -1266,6 +1268,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 let psn = Psn::from_raw(p.psn);
                 let q = &mut self.storage.slices().qps[i];
                 q.rx.set(psn);
+                q.lost.retain(|l| *l != psn);
                 let op = p.opcode;
                 if op.is_first() || op.is_only() {
                     q.cur_msg_len = p.total_len;
@@ -1377,9 +1380,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     return;
                 };
                 if a.is_send_by_local_hw {
-                    // The card's quiet-timer report of our receive window.
+                    // The card's quiet-timer report of our receive window: nothing arrived
+                    // for a while, so a hole below received PSNs is a loss, not reordering.
+                    // NAK it now instead of letting the requester wait for its timeout.
                     let q = &mut self.storage.slices().qps[i];
+                    let bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
+                    mark_card_cumulative(q, bottom);
                     q.rx.merge_card_report(Psn::from_raw(a.psn_now), a.now_bitmap);
+                    let hole = q.rx.first_missing();
+                    q.nak_due = (1..128u32).any(|k| q.rx.is_set(hole.wrapping_add(k)));
                 } else {
                     // The peer driver's cumulative ACK: every PSN before psn_now arrived.
                     self.on_ack(i, Psn::from_raw(a.psn_now), now);
@@ -1391,7 +1400,19 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     return;
                 };
                 if a.is_send_by_local_hw {
+                    // Our card saw a gap leave its window: the zero bits that slid out are
+                    // lost; everything else below the new window bottom arrived.
                     let q = &mut self.storage.slices().qps[i];
+                    let new_bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
+                    for lost in slid_out_zeros(a.psn_before_slide, extra.pre_bitmap, new_bottom) {
+                        if !q.rx.is_set(lost)
+                            && !q.lost.contains(&lost)
+                            && q.lost.push(lost).is_err()
+                        {
+                            break;
+                        }
+                    }
+                    mark_card_cumulative(q, new_bottom);
                     q.rx.merge_card_report(Psn::from_raw(a.psn_before_slide), extra.pre_bitmap);
                     q.rx.merge_card_report(Psn::from_raw(a.psn_now), a.now_bitmap);
                 } else if a.is_send_by_driver {
@@ -1715,6 +1736,24 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 }
                 (q.rx.advance(), q.acked_rx, q.in_use)
             };
+            let nak_due = core::mem::take(&mut self.storage.slices().qps[i].nak_due);
+            if nak_due {
+                if let Some(d) = self.ack_frame(
+                    i,
+                    base,
+                    AckVerdict::Nak {
+                        pre_psn: base.get(),
+                    },
+                ) {
+                    if n == BATCH {
+                        self.flush_acks(&acks[..n]);
+                        n = 0;
+                    }
+                    acks[n] = d;
+                    n += 1;
+                    self.stats.naks_sent += 1;
+                }
+            }
             if !in_use || base == acked {
                 continue;
             }
@@ -1731,7 +1770,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 let Some(m) = m else { break };
                 self.deliver(i, &m);
             }
-            if let Some(d) = self.ack_frame(i, base) {
+            if let Some(d) = self.ack_frame(i, base, AckVerdict::Ack) {
                 if n == BATCH {
                     self.flush_acks(&acks[..n]);
                     n = 0;
@@ -1795,7 +1834,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
     }
 
-    fn ack_frame(&mut self, i: usize, base: Psn) -> Option<RawDesc> {
+    fn ack_frame(&mut self, i: usize, base: Psn, verdict: AckVerdict) -> Option<RawDesc> {
         let q = self.storage.slices().qps[i].clone();
         let frame = DriverAckFrame {
             src_mac: self.cfg.mac,
@@ -1804,7 +1843,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             dst_ip: q.peer_ip,
             dqpn: q.dest_qpn,
             psn: base.get(),
-            verdict: AckVerdict::Ack,
+            verdict,
         };
         let buf = self.ack_buf.as_mut()?;
         let slot = self.ack_next;
@@ -1861,6 +1900,44 @@ impl<P: Platform, S: Storage> Device<P, S> {
             dma_free(&dma, r.into_buffer());
         }
         (regs, dma, mem, storage)
+    }
+}
+
+/// The PSNs of a card bitmap (`pre_bitmap` at `psn_before_slide`) whose bit is 0 and that
+/// lie below the new window bottom: the packets the card saw go missing.
+fn slid_out_zeros(
+    psn_before_slide: u32,
+    pre_bitmap: u128,
+    new_bottom: Psn,
+) -> impl Iterator<Item = Psn> {
+    let pre_base = crate::transport::card_bitmap_base(Psn::from_raw(psn_before_slide));
+    (0..128u32)
+        .filter(move |b| pre_bitmap >> b & 1 == 0)
+        .map(move |b| pre_base.wrapping_add(b))
+        .filter(move |p| p.is_before(new_bottom))
+}
+
+/// The card reports a PSN only while it is inside its 128-PSN window, and it reports every
+/// PSN that leaves the window unreceived (a NAK). So everything below the window bottom
+/// arrived, except the lost PSNs still outstanding: mark up to the first of those.
+fn mark_card_cumulative(q: &mut QpSlot, bottom: Psn) {
+    let base = q.rx.base();
+    q.lost.retain(|l| !l.is_before(base));
+    let upto = q
+        .lost
+        .iter()
+        .copied()
+        .filter(|l| l.is_before(bottom))
+        .min_by(|a, b| {
+            if a.is_before(*b) {
+                core::cmp::Ordering::Less
+            } else {
+                core::cmp::Ordering::Greater
+            }
+        })
+        .unwrap_or(bottom);
+    if base.is_before(upto) {
+        q.rx.set_range(PsnRange::from_bounds(base, upto));
     }
 }
 

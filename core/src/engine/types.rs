@@ -223,6 +223,8 @@ pub enum MsgKind {
 pub const RX_WORDS: usize = 16;
 /// Received-but-undelivered messages per QP.
 pub const MSG_QUEUE: usize = 64;
+/// Lost PSNs tracked per QP; with more, the cumulative marking stops at the last one.
+pub const LOST_TRACKED: usize = 64;
 /// Locally posted receive WRs per QP.
 pub const RECV_QUEUE: usize = 64;
 
@@ -281,6 +283,11 @@ pub struct QpSlot {
     pub rx: PsnBitmap<RX_WORDS>,
     /// The PSN up to which an ACK was sent.
     pub acked_rx: Psn,
+    /// The card's quiet report showed a hole below received PSNs: NAK it at the next poll.
+    pub nak_due: bool,
+    /// PSNs the card reported lost (they slid out of its window unreceived) and that have
+    /// not arrived since: the card's window bottom is a cumulative ACK except for these.
+    pub lost: heapless::Vec<Psn, LOST_TRACKED>,
     /// Received messages waiting for their PSNs.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
     /// Length of the message in progress (from its FIRST/ONLY packet).
@@ -318,6 +325,8 @@ impl Default for QpSlot {
             retries_left: 7,
             rx: PsnBitmap::new(Psn::from_raw(0)),
             acked_rx: Psn::from_raw(0),
+            nak_due: false,
+            lost: heapless::Vec::new(),
             msgs: heapless::Deque::new(),
             cur_msg_len: 0,
             recvs: heapless::Deque::new(),
