@@ -420,7 +420,7 @@ fn cmd_request() -> impl Strategy<Value = CmdRequest> {
             })
         }),
         (
-            any::<(bool, bool)>(),
+            any::<(bool, bool, u32)>(),
             qpn(),
             qpn(),
             access(),
@@ -432,7 +432,7 @@ fn cmd_request() -> impl Strategy<Value = CmdRequest> {
         )
             .prop_map(
                 |(
-                    (is_valid, is_error),
+                    (is_valid, is_error, pd),
                     qpn,
                     peer_qpn,
                     rq_access_flags,
@@ -445,6 +445,7 @@ fn cmd_request() -> impl Strategy<Value = CmdRequest> {
                     CmdRequest::from(ManageQp {
                         is_valid,
                         is_error,
+                        pd,
                         qpn,
                         peer_qpn,
                         rq_access_flags,

@@ -120,6 +120,7 @@ fn v3_fields() -> ManageQp {
     ManageQp {
         is_valid: true,
         is_error: false,
+        pd: 0,
         qpn: qpn(0x0123AB),
         peer_qpn: qpn(0x0345CD),
         rq_access_flags: AccessFlags::from_bits_retain(0x07),
@@ -592,6 +593,7 @@ fn isolation_manage_qp() {
     let zero = ManageQp {
         is_valid: false,
         is_error: false,
+        pd: 0,
         qpn: qpn(0),
         peer_qpn: qpn(0),
         rq_access_flags: AccessFlags::empty(),
@@ -634,6 +636,11 @@ fn isolation_manage_qp() {
                 "rq_access_flags",
                 c(&|v| v.rq_access_flags = AccessFlags::all()),
                 &[(96, 8, ONES_8)],
+            ),
+            case(
+                "pd (project extension)",
+                c(&|v| v.pd = u32::MAX),
+                &[(128, 32, 0xFFFF_FFFF)],
             ),
             case(
                 "peer_qpn",

@@ -751,6 +751,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             CmdRequest::ManageQp(ManageQp {
                 is_valid: valid,
                 is_error: false,
+                pd: q.pd,
                 qpn,
                 peer_qpn: q.dest_qpn,
                 rq_access_flags: access,
