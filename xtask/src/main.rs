@@ -2,7 +2,9 @@
 //!
 //! - `cargo xtask ci`: every check (fmt, clippy, tests, loom, the no_std firmware-target
 //!   build), one summary table, non-zero exit on any failure.
-//! - `cargo xtask sim`: the driver on two emulated NICs (arrives with issues B and C).
+//! - `cargo xtask sim`: two emulated NICs in one process and the scenarios run against
+//!   them (`platform-sim/src/scenarios.rs`, run through the `sim` example of bluerdma-sim so
+//!   that xtask itself stays free of dependencies).
 
 use std::env;
 use std::io::{BufRead, BufReader, Write};
@@ -18,7 +20,7 @@ fn main() -> ExitCode {
     let root = project_root();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(&root, &args[1..]),
-        Some("sim") => sim(),
+        Some("sim") => sim(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -43,7 +45,10 @@ fn print_help() {
          ci [--quick]   fmt, clippy, all tests, loom model, no_std build for {RISCV_TARGET};\n                 \
          prints a summary table and exits non-zero on any failure\n                 \
          (--quick skips the loom model and the firmware-target build)\n  \
-         sim            run the driver on two emulated NICs (not yet available: issues B and C)"
+         sim [options]  two emulated NICs (blue0 = 127.0.0.1, blue1 = 127.0.0.2) on the UDP\n                 \
+         link and the scenarios run against them; a summary table, non-zero exit on\n                 \
+         any mismatch (--faults SPEC, --pcap FILE, --seed N, --port N, --only TEXT,\n                 \
+         --list; `cargo xtask sim --help` for details)"
     );
 }
 
@@ -56,8 +61,29 @@ fn project_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-fn sim() -> Result<(), String> {
-    Err("the emulated NIC is not built yet (issue B); `cargo xtask sim` arrives with it".into())
+/// Builds and runs the scenario runner (the `sim` example of bluerdma-sim, in release
+/// mode: the scenarios move megabytes through two emulated cards), passing `args` on.
+fn sim(root: &Path, args: &[String]) -> Result<(), String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "bluerdma-sim",
+            "--example",
+            "sim",
+            "--",
+        ])
+        .args(args)
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("sim failed ({status})"))
+    }
 }
 
 /// One row of the summary table.
