@@ -73,6 +73,7 @@ const MANAGE_QP: Ranges = &[
     (92, 4),
     (96, 8),
     (104, 24),
+    (128, 32), // pd: this project's extension in reserved bits
     (160, 24),
     (190, 1),
     (191, 1),

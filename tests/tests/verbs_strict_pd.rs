@@ -56,7 +56,7 @@ fn cross_pd_write(strict: bool) -> (WcStatus, bool, String) {
     // SAFETY: the MRs outlive the completion.
     unsafe { qa.post_send(&[wr]).unwrap() };
     let wc = ca.wait(1, Duration::from_secs(5)).unwrap();
-    let arrived = dst.bytes().unwrap().iter().any(|x| *x == 0x5A);
+    let arrived = dst.bytes().unwrap().contains(&0x5A);
     (wc[0].status, arrived, b.card_stats())
 }
 
