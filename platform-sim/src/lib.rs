@@ -13,3 +13,4 @@ pub mod mem;
 pub mod model;
 pub mod rawdrv;
 pub mod rtl;
+pub mod serve;
