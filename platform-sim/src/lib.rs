@@ -14,3 +14,4 @@ pub mod model;
 pub mod rawdrv;
 pub mod rtl;
 pub mod scenarios;
+pub mod serve;
