@@ -9,6 +9,8 @@
 pub use bluerdma_core as core;
 
 pub mod debug;
+pub mod perf;
+pub mod scenarios;
 pub mod storage;
 pub mod verbs;
 

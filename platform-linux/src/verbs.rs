@@ -205,7 +205,16 @@ impl Context {
     pub fn card_stats(&self) -> String {
         let card = self.inner.card.lock().unwrap_or_else(|e| e.into_inner());
         card.as_ref()
-            .map(|c| c.nic.stats().snapshot().to_string())
+            .map(|c| {
+                let mut s = c.nic.stats().snapshot().to_string();
+                for counter in bluerdma_core::regs::Counter::ALL {
+                    let v = c.nic.regs().counter(counter);
+                    if v != 0 {
+                        s.push_str(&format!(" {counter:?}={v}"));
+                    }
+                }
+                s
+            })
             .unwrap_or_default()
     }
 
