@@ -8,8 +8,13 @@
 
 pub use bluerdma_core as core;
 
+pub mod bar;
 pub mod debug;
+pub mod dma;
+pub mod paths;
+pub mod pci;
 pub mod storage;
+pub mod umem;
 pub mod verbs;
 
 pub use verbs::{Context, Cq, DeviceSpec, Endpoint, Error, Mr, Pd, Qp};
