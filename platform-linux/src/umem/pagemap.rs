@@ -138,10 +138,7 @@ mod tests {
         let e = PagemapEntry((1 << 63) | 0x1_2345);
         assert!(e.present() && !e.swapped());
         assert_eq!(e.pfn(), 0x1_2345);
-        assert_eq!(
-            e.frame(VirtAddr(0x7000), 4096),
-            Ok(DeviceAddr(0x1234_5000))
-        );
+        assert_eq!(e.frame(VirtAddr(0x7000), 4096), Ok(DeviceAddr(0x1234_5000)));
         // Soft-dirty and exclusive bits (55, 56) are not part of the PFN.
         assert_eq!(PagemapEntry((1 << 63) | (3 << 55) | 7).pfn(), 7);
     }
