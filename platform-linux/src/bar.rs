@@ -61,12 +61,12 @@ impl fmt::Display for BarError {
             BarError::Open { path, source } => {
                 write!(f, "cannot open BAR0 {}: {source}", path.display())?;
                 match source.kind() {
-                    io::ErrorKind::PermissionDenied => write!(
-                        f,
-                        " (mapping a PCI BAR needs root: run as root, or \
-                         `sudo chown $USER {}` for this boot)",
-                        path.display()
-                    ),
+                    io::ErrorKind::PermissionDenied => {
+                        write!(
+                            f,
+                            " (mapping a PCI BAR needs root: run as root, with `sudo`)"
+                        )
+                    }
                     io::ErrorKind::NotFound => {
                         write!(f, " (no such device or BAR; run `bluerdma-doctor`)")
                     }
