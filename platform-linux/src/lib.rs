@@ -11,6 +11,7 @@ pub use bluerdma_core as core;
 pub mod bar;
 pub mod debug;
 pub mod dma;
+pub mod doctor;
 pub mod paths;
 pub mod pci;
 pub mod storage;
