@@ -9,6 +9,7 @@
 pub use bluerdma_core as core;
 
 pub mod bar;
+pub mod card;
 pub mod debug;
 pub mod dma;
 pub mod doctor;
