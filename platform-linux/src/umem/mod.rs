@@ -82,6 +82,9 @@ pub struct HostUmem {
     policy: CompactionPolicy,
     pins: Vec<Pinned>,
     ahead: ReadAhead,
+    /// The frame of the last hugetlb block translated (block address, frame), reused by
+    /// the next call while the pins are unchanged.
+    last_block: Option<(u64, DeviceAddr)>,
     last_error: Option<UmemError>,
 }
 
@@ -100,6 +103,7 @@ impl HostUmem {
             policy,
             pins: Vec::new(),
             ahead: ReadAhead::default(),
+            last_block: None,
             last_error: None,
         })
     }
@@ -117,6 +121,7 @@ impl HostUmem {
     /// Pins `[va, va + len)`, with the full error on failure.
     pub fn try_pin(&mut self, va: VirtAddr, len: u64) -> Result<Stability, UmemError> {
         self.ahead = ReadAhead::default();
+        self.last_block = None;
         let guard = PinGuard::new(&self.paths, va, len, self.policy)?;
         let stability = guard.stability();
         let backing = guard.backing();
@@ -133,6 +138,7 @@ impl HostUmem {
     /// Undoes [`HostUmem::try_pin`] of the same range: munlocks what no other pin covers.
     pub fn release(&mut self, va: VirtAddr, len: u64) {
         self.ahead = ReadAhead::default();
+        self.last_block = None;
         let Some(i) = self.pins.iter().position(|p| p.va == va && p.len == len) else {
             log::warn!("unpin of {:#x}+{len:#x}, which is not pinned", va.0);
             return;
@@ -198,7 +204,7 @@ impl HostUmem {
         out: &mut [DeviceAddr],
     ) -> Result<(), UmemError> {
         let bp = self.pagemap.base_page();
-        let mut frame: Option<(u64, DeviceAddr)> = None;
+        let mut frame = self.last_block;
         for (i, slot) in out.iter_mut().enumerate() {
             let page_va = first + i as u64 * page.bytes();
             let block_va = page_va - page_va % block.max(page.bytes());
@@ -221,6 +227,7 @@ impl HostUmem {
             };
             *slot = DeviceAddr(base.0 + (page_va - block_va));
         }
+        self.last_block = frame;
         Ok(())
     }
 
