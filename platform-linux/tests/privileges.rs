@@ -82,7 +82,9 @@ fn in_child() -> bool {
 #[test]
 fn without_cap_sys_admin_translation_names_it() {
     if !is_root() {
-        eprintln!("SKIPPED: dropping a capability from root needs root (CI runs as root)");
+        common::skip(format_args!(
+            "SKIPPED: dropping a capability from root needs root (CI runs as root)"
+        ));
         return;
     }
     run_child("child_translate_without_cap_sys_admin", |c| {
@@ -117,7 +119,9 @@ fn child_translate_without_cap_sys_admin() {
 #[test]
 fn without_cap_ipc_lock_pinning_names_the_limit() {
     if !is_root() {
-        eprintln!("SKIPPED: dropping a capability from root needs root (CI runs as root)");
+        common::skip(format_args!(
+            "SKIPPED: dropping a capability from root needs root (CI runs as root)"
+        ));
         return;
     }
     run_child("child_pin_without_cap_ipc_lock", |c| {
@@ -160,7 +164,9 @@ fn child_pin_without_cap_ipc_lock() {
 #[test]
 fn without_root_the_card_files_say_so() {
     if !is_root() {
-        eprintln!("SKIPPED: switching to another user needs root (CI runs as root)");
+        common::skip(format_args!(
+            "SKIPPED: switching to another user needs root (CI runs as root)"
+        ));
         return;
     }
     let sys = FakeSystem::new();

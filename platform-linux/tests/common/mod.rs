@@ -12,6 +12,13 @@ use std::sync::{Mutex, MutexGuard};
 /// Serialises tests that change system settings.
 static SYSTEM: Mutex<()> = Mutex::new(());
 
+/// Says why a test did nothing, past the test harness's output capture (which would hide
+/// it for a passing test).
+pub fn skip(msg: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -36,7 +43,7 @@ impl System {
     /// Takes the settings lock; `None` (with a message) when not root.
     pub fn take(why: &str) -> Option<System> {
         if !is_root() {
-            eprintln!("SKIPPED: {why} needs root (CI runs as root)");
+            skip(format_args!("SKIPPED: {why} needs root (CI runs as root)"));
             return None;
         }
         Some(System {
@@ -67,12 +74,14 @@ impl System {
         let nr = read_u64(&format!("{POOL}/nr_hugepages"));
         let want = nr + (pages - free);
         if !self.set(&format!("{POOL}/nr_hugepages"), &want.to_string()) {
-            eprintln!("SKIPPED: cannot write {POOL}/nr_hugepages");
+            skip(format_args!("SKIPPED: cannot write {POOL}/nr_hugepages"));
             return false;
         }
         let got = read_u64(&format!("{POOL}/free_hugepages"));
         if got < pages {
-            eprintln!("SKIPPED: only {got} of {pages} hugepages could be reserved");
+            skip(format_args!(
+                "SKIPPED: only {got} of {pages} hugepages could be reserved"
+            ));
             return false;
         }
         true
