@@ -18,6 +18,7 @@ pub mod card;
 pub mod debug;
 pub mod dma;
 pub mod doctor;
+pub mod oob_hub;
 pub mod paths;
 pub mod pci;
 pub mod perf;

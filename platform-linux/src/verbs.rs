@@ -24,7 +24,7 @@ use bluerdma_core::engine::{
     Device, DeviceConfig, EngineStats, QpSlot, RecvWr, SendWr, VerbsError, WorkCompletion,
 };
 use bluerdma_core::keys::{MrKey, Qpn};
-use bluerdma_core::platform::{NoOob, Platform};
+use bluerdma_core::platform::{OobTransport, Platform};
 use bluerdma_core::qp::{Gid, QpAttrMask, QpState, QpType, RawQpAttr};
 use bluerdma_core::time::Instant;
 use bluerdma_sim::inproc::{InProcessCard, SimRegs};
@@ -32,6 +32,7 @@ use bluerdma_sim::link::LinkPort;
 use bluerdma_sim::mem::{HostDma, HostMemory};
 use bluerdma_sim::model::NicConfig;
 
+use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
 
 /// The platform of an emulated card in this process.
@@ -41,7 +42,7 @@ impl Platform for EmulatedPlatform {
     type Regs = SimRegs;
     type Dma = HostDma;
     type Mem = HostMemory;
-    type Oob = NoOob;
+    type Oob = DynOob;
 }
 
 /// A verbs error with the operation that failed.
@@ -139,8 +140,19 @@ pub struct Context {
 }
 
 impl Context {
-    /// Starts an emulated card on `link` and opens the driver on it.
+    /// Starts an emulated card on `link` and opens the driver on it, with no out-of-band
+    /// channel (SEND is refused; see [`Context::open_emulated_with_oob`]).
     pub fn open_emulated(spec: DeviceSpec, link: Box<dyn LinkPort>) -> Result<Context, Error> {
+        Self::open_emulated_with_oob(spec, link, None)
+    }
+
+    /// Starts an emulated card on `link` and opens the driver on it, announcing receive WRs
+    /// over `oob` (the TCP channel of issue D, or an in-process hub).
+    pub fn open_emulated_with_oob(
+        spec: DeviceSpec,
+        link: Box<dyn LinkPort>,
+        oob: Option<Box<dyn OobTransport + Send>>,
+    ) -> Result<Context, Error> {
         let card = InProcessCard::start(
             NicConfig {
                 name: spec.name.clone(),
@@ -169,6 +181,10 @@ impl Context {
             &mut clock,
         )
         .map_err(err("open"))?;
+        let mut dev = dev;
+        if let Some(oob) = oob {
+            dev.attach_oob(DynOob(oob));
+        }
         let inner = Arc::new(Inner {
             dev: Mutex::new(dev),
             epoch,
@@ -590,6 +606,20 @@ impl Qp {
         timeout: u8,
         retry_cnt: u8,
     ) -> Result<(), Error> {
+        self.connect_rnr(remote, my_psn, timeout, retry_cnt, 7, 12)
+    }
+
+    /// As [`Qp::connect`], with the RNR attributes: `rnr_retry` (7 = forever) and
+    /// `min_rnr_timer` (IB table 45 code; 12 = 0.64 ms).
+    pub fn connect_rnr(
+        &self,
+        remote: Endpoint,
+        my_psn: u32,
+        timeout: u8,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        min_rnr_timer: u8,
+    ) -> Result<(), Error> {
         let access = (1 | 2 | 4) as u32; // LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ
         self.modify(
             &RawQpAttr {
@@ -609,7 +639,7 @@ impl Qp {
                 dest_qp_num: remote.qpn.get(),
                 rq_psn: remote.psn,
                 dgid: Gid::from_ipv4(remote.ip),
-                min_rnr_timer: 12,
+                min_rnr_timer,
                 ..RawQpAttr::default()
             },
             QpAttrMask::STATE
@@ -626,7 +656,7 @@ impl Qp {
                 sq_psn: my_psn,
                 timeout,
                 retry_cnt,
-                rnr_retry: 7,
+                rnr_retry,
                 ..RawQpAttr::default()
             },
             QpAttrMask::STATE

@@ -17,7 +17,8 @@ use crate::desc::send::{SendFlags, SendRequest, SendSeg0, SendSeg1, WorkReqOpcod
 use crate::desc::simple_nic::{SimpleNicTx, RX_BUFFER_SIZE};
 use crate::desc::{AccessFlags, MacAddr, RawDesc};
 use crate::keys::{MrKey, Qpn, MR_TABLE_LEN, PGT_LEN};
-use crate::platform::{DmaAllocator, DmaBuffer, MemoryResolver, Platform};
+use crate::oob::RecvWr as OobRecvWr;
+use crate::platform::{DmaAllocator, DmaBuffer, MemoryResolver, OobEvent, OobTransport, Platform};
 use crate::qp::{check_modify, QpAccessFlags, QpAttr, QpAttrMask, QpState, QpType, RawQpAttr};
 use crate::regs::{RingId, DECODED_CHANNELS};
 use crate::ring::{
@@ -128,7 +129,22 @@ pub struct EngineStats {
     pub cq_overruns: u64,
     /// Batches the send ring refused (their packets go out again by retransmission).
     pub send_refused: u64,
+    /// Receive WRs announced to peers over the out-of-band channel.
+    pub recvs_announced: u64,
+    /// Receive WRs peers announced to us.
+    pub recvs_received: u64,
+    /// Announced receive WRs that matched no QP yet and waited for it to reach RTR.
+    pub recvs_early: u64,
+    /// Announced receive WRs dropped: no QP ever matched and the waiting list was full.
+    pub recvs_dropped: u64,
+    /// RNR timer expiries (a SEND waited for a receive WR).
+    pub rnr_waits: u64,
+    /// QPs moved to ERR because their peer's out-of-band connection broke.
+    pub peers_lost: u64,
 }
+
+/// Announced receive WRs held for QPs that have not reached RTR yet.
+const EARLY_RECVS: usize = 256;
 
 /// A QP's handle: its QPN.
 pub type QpHandle = Qpn;
@@ -155,6 +171,8 @@ pub struct Device<P: Platform, S: Storage> {
     pgt_used: [u64; (PGT_LEN / 64) as usize],
     pd_used: [u64; 4],
     stats: EngineStats,
+    oob: Option<P::Oob>,
+    early_recvs: heapless::Vec<(Ipv4Addr, OobRecvWr), EARLY_RECVS>,
 }
 
 fn ring_regs(id: RingId) -> Result<RingRegs, VerbsError> {
@@ -248,6 +266,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             pgt_used: [0; (PGT_LEN / 64) as usize],
             pd_used: [1; 4],
             stats: EngineStats::default(),
+            oob: None,
+            early_recvs: heapless::Vec::new(),
         };
         dev.command(
             CmdRequest::SetNetworkParam(SetNetworkParam {
@@ -774,12 +794,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
     ) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
         let q = self.storage.slices().qps[i].clone();
+        // REMOTE_WRITE is always granted in the card: a SEND arrives as a write into the
+        // receive buffer and the card checks REMOTE_WRITE on the QP for it (nic-behaviour.md
+        // 2.3). A remote WRITE still needs REMOTE_WRITE on the target MR, which the card
+        // checks; the QP-level refusal of WRITEs is lost (README, hardware limitations).
         let access = AccessFlags::LOCAL_WRITE
-            | if q.access.contains(QpAccessFlags::REMOTE_WRITE) {
-                AccessFlags::REMOTE_WRITE
-            } else {
-                AccessFlags::empty()
-            }
+            | AccessFlags::REMOTE_WRITE
             | if q.access.contains(QpAccessFlags::REMOTE_READ) {
                 AccessFlags::REMOTE_READ
             } else {
@@ -857,6 +877,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             }
             if let Some(v) = attr.rnr_retry {
                 q.rnr_retry = v;
+                q.rnr_left = v;
             }
             if let Some(v) = attr.min_rnr_timer {
                 q.min_rnr_timer = v;
@@ -874,6 +895,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.flush_qp(i);
         }
         self.storage.slices().qps[i].state = next;
+        if next == QpState::Rtr && state != QpState::Rtr {
+            let now = clock();
+            self.connected(i, now);
+        }
         Ok(())
     }
 
@@ -951,12 +976,18 @@ impl<P: Platform, S: Storage> Device<P, S> {
             SendOp::Write => (WorkReqOpcode::Write, 0),
             SendOp::WriteWithImm(imm) => (WorkReqOpcode::WriteWithImm, imm),
             SendOp::Read => (WorkReqOpcode::Read, 0),
-            SendOp::Send | SendOp::SendWithImm(_) => {
+            SendOp::Send | SendOp::SendWithImm(_) if self.oob.is_none() => {
                 return Err(VerbsError::Unsupported {
-                    what: "SEND needs the out-of-band receive announcements (issue D)",
+                    what: "SEND on a platform without an out-of-band channel",
                 })
             }
+            SendOp::Send => (WorkReqOpcode::Send, 0),
+            SendOp::SendWithImm(imm) => (WorkReqOpcode::SendWithImm, imm),
         };
+        // SEND, and WRITE_WITH_IMM when the peer announces its receive WRs, use the peer's
+        // next receive WR (oob-channel.md): its address is known only when it is matched.
+        let needs_recv = matches!(op, WorkReqOpcode::Send | WorkReqOpcode::SendWithImm)
+            || op == WorkReqOpcode::WriteWithImm && self.oob.is_some();
         if wr.len > 0 {
             // The local buffer: READ writes it, WRITE reads it.
             let need = if op == WorkReqOpcode::Read {
@@ -998,11 +1029,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 what: "remote range wraps the address space",
             });
         }
-        let npsn = if op == WorkReqOpcode::Read {
-            1
-        } else {
-            num_packets(wr.raddr.0, wr.len, pmtu)
-        };
+        let _ = pmtu;
         self.enqueue(
             i,
             Wqe {
@@ -1015,13 +1042,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 raddr: wr.raddr.0,
                 rkey: wr.rkey.get(),
                 psn: 0,
-                npsn,
+                npsn: 0,
                 msn: 0,
                 signaled: wr.signaled,
                 solicited: wr.solicited,
                 internal: false,
                 state: WqeState::Pending,
                 read_done: false,
+                needs_recv,
             },
         );
         Ok(())
@@ -1080,8 +1108,142 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     },
                 )
             })?;
+            q.to_announce += 1;
         }
+        self.announce_recvs(i);
         Ok(())
+    }
+
+    /// Tells the peer about receive WRs posted since the last announcement, once the QP
+    /// knows its peer (RTR or later). A record the transport cannot take now stays pending.
+    fn announce_recvs(&mut self, i: usize) {
+        let Some(oob) = self.oob.as_mut() else {
+            return;
+        };
+        let s = self.storage.slices();
+        let q = &mut s.qps[i];
+        if !matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let total = q.recvs.len() as u32;
+        while q.to_announce > 0 {
+            let Some(r) = q.recvs.iter().nth((total - q.to_announce) as usize) else {
+                q.to_announce = 0;
+                break;
+            };
+            let rec = OobRecvWr {
+                wr_id: r.wr_id,
+                addr: r.addr.0,
+                length: r.len,
+                lkey: r.lkey.get(),
+                qpn: q.qpn.get(),
+            };
+            match oob.send(q.peer_ip, &rec) {
+                Ok(()) => {
+                    q.to_announce -= 1;
+                    self.stats.recvs_announced += 1;
+                }
+                Err(e) => {
+                    core_warn!("announcing a receive WR to {}: {}", q.peer_ip, e);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Attaches the out-of-band channel that carries receive WRs between drivers
+    /// (oob-channel.md). Without one, SEND is refused and WRITE_WITH_IMM does not consume
+    /// the peer's receive WRs.
+    pub fn attach_oob(&mut self, oob: P::Oob) {
+        self.oob = Some(oob);
+    }
+
+    /// Takes what arrived on the out-of-band channel: receive WRs go to the QP whose peer
+    /// they come from (held until that QP reaches RTR), a lost peer fails its QPs.
+    fn poll_oob(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for _ in 0..1024 {
+            let Some(ev) = self.oob.as_mut().and_then(|o| o.poll()) else {
+                break;
+            };
+            any = true;
+            match ev {
+                OobEvent::RecvWr { from, wr } => {
+                    self.stats.recvs_received += 1;
+                    if !self.deliver_remote_recv(from, wr, now) {
+                        self.stats.recvs_early += 1;
+                        if self.early_recvs.push((from, wr)).is_err() {
+                            self.stats.recvs_dropped += 1;
+                            core_error!(
+                                "receive WR for QP {:#x} from {}: no such QP, waiting list full",
+                                wr.qpn,
+                                from
+                            );
+                        }
+                    }
+                }
+                OobEvent::PeerLost { peer } => {
+                    let nqps = self.storage.slices().qps.len();
+                    for i in 0..nqps {
+                        let hit = {
+                            let q = &self.storage.slices().qps[i];
+                            q.in_use
+                                && q.peer_ip == peer
+                                && matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                        };
+                        if hit {
+                            self.stats.peers_lost += 1;
+                            self.storage.slices().qps[i].state = QpState::Err;
+                            self.flush_qp(i);
+                        }
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    /// Hands an announced receive WR to its QP; false if no connected QP matches.
+    fn deliver_remote_recv(&mut self, from: Ipv4Addr, wr: OobRecvWr, now: Instant) -> bool {
+        let i = {
+            let s = self.storage.slices();
+            s.qps.iter().position(|q| {
+                q.in_use
+                    && q.dest_qpn.get() == wr.qpn
+                    && q.peer_ip == from
+                    && matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            })
+        };
+        let Some(i) = i else {
+            return false;
+        };
+        let q = &mut self.storage.slices().qps[i];
+        if q.remote_recvs.push_back(wr).is_err() {
+            core_error!(
+                "QP {:#x}: more announced receive WRs than the queue holds",
+                q.qpn.get()
+            );
+            self.stats.recvs_dropped += 1;
+            return true;
+        }
+        q.rnr_deadline = None;
+        self.transmit(i, now);
+        true
+    }
+
+    /// After QP `i` reached RTR: announce its receive WRs and take the peer's that came
+    /// early.
+    fn connected(&mut self, i: usize, now: Instant) {
+        self.announce_recvs(i);
+        let mut k = 0;
+        while k < self.early_recvs.len() {
+            let (from, wr) = self.early_recvs[k];
+            if self.deliver_remote_recv(from, wr, now) {
+                self.early_recvs.remove(k);
+            } else {
+                k += 1;
+            }
+        }
     }
 
     /// Hands pending WQEs of QP `i` to the card while the send window has room.
@@ -1091,19 +1253,61 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let mut batch = [RawDesc::ZERO; BATCH];
         let mut n = 0usize;
         loop {
-            let (w, q) = {
+            let (mut w, q, idx) = {
                 let s = self.storage.slices();
                 let q = s.qps[i].clone();
                 if q.sq_sent >= q.sq_len || q.state != QpState::Rts && q.state != QpState::Sqd {
                     break;
                 }
                 let idx = i * depth + ((q.sq_head + q.sq_sent) as usize % depth);
-                (s.wqes[idx], q)
+                (s.wqes[idx], q, idx)
             };
+            if w.state == WqeState::Pending && w.needs_recv {
+                // Match the peer's next announced receive WR (oob-channel.md), or wait for
+                // one under the RNR rules.
+                let Some(r) = self.storage.slices().qps[i].remote_recvs.front().copied() else {
+                    let q = &mut self.storage.slices().qps[i];
+                    if q.rnr_deadline.is_none() {
+                        q.rnr_deadline = Some(now + Nanos::ib_rnr_timer(q.min_rnr_timer));
+                    }
+                    break;
+                };
+                let is_send =
+                    matches!(w.op, Some(WorkReqOpcode::Send | WorkReqOpcode::SendWithImm));
+                if is_send && w.len > r.length {
+                    // Too long for the receive buffer: only once it is the oldest request,
+                    // so the error completes the right WR.
+                    if q.sq_sent == 0 {
+                        self.storage.slices().qps[i].remote_recvs.pop_front();
+                        self.fail_qp(i, WcStatus::RemInvReqErr);
+                    }
+                    break;
+                }
+                let q = &mut self.storage.slices().qps[i];
+                q.remote_recvs.pop_front();
+                q.rnr_deadline = None;
+                q.rnr_left = q.rnr_retry;
+                if is_send {
+                    w.raddr = r.addr;
+                    w.rkey = r.lkey;
+                }
+                w.needs_recv = false;
+            }
+            if w.state == WqeState::Pending {
+                // PSNs and the MSN are assigned at first transmission, in posting order.
+                w.npsn = if w.op == Some(WorkReqOpcode::Read) {
+                    1
+                } else {
+                    num_packets(w.raddr, w.len, q.pmtu)
+                };
+                w.psn = q.next_psn.get();
+                w.msn = q.next_msn;
+            }
             // The send window: packets in flight (sent, not acknowledged) stay bounded, so a
             // fast sender does not overrun the link; the rest waits for ACKs.
             let outstanding = q.acked_psn.forward_distance(Psn::from_raw(w.psn));
             if outstanding > 0 && outstanding + w.npsn > window {
+                self.storage.slices().wqes[idx] = w;
                 break;
             }
             let need = 2 * chunk_count(&w);
@@ -1114,10 +1318,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
             if (self.send.free_slots() as usize) < n + need {
                 let _ = self.send.refresh_tail(&self.regs);
                 if (self.send.free_slots() as usize) < n + need {
+                    self.storage.slices().wqes[idx] = w;
                     break;
                 }
             }
             let Ok(frag) = Fragmenter::new(span_of(&w), q.pmtu, CHUNK_BYTES) else {
+                self.storage.slices().wqes[idx] = w;
                 break;
             };
             for c in frag {
@@ -1141,9 +1347,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.stats.chunks += 1;
             }
             let s = self.storage.slices();
-            let idx = i * depth + ((s.qps[i].sq_head + s.qps[i].sq_sent) as usize % depth);
-            s.wqes[idx].state = WqeState::Sent;
+            w.state = WqeState::Sent;
+            s.wqes[idx] = w;
             let q = &mut s.qps[i];
+            q.next_psn = Psn::from_raw(w.psn).wrapping_add(w.npsn);
+            q.next_msn = w.msn.wrapping_add(1);
             q.sq_sent += 1;
             if q.deadline.is_none() {
                 q.deadline = timeout_of(q).map(|t| now + t);
@@ -1222,6 +1430,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     pub fn poll(&mut self, now: Instant) -> bool {
         let mut work = self.poll_meta(now);
         work |= self.poll_raw_rx();
+        work |= self.poll_oob(now);
         work |= self.deliver_and_ack(now);
         let nqps = self.storage.slices().qps.len();
         for i in 0..nqps {
@@ -1239,19 +1448,53 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.on_timeout(i, now);
                 work = true;
             }
+            let rnr = self.storage.slices().qps[i].rnr_deadline;
+            if rnr.is_some_and(|d| now >= d) {
+                self.on_rnr_timeout(i, now);
+                work = true;
+            }
         }
         work
     }
 
+    /// A SEND waited `min_rnr_timer` for a receive WR: try again, or give up after
+    /// `rnr_retry` waits (7 = wait forever) with RNR_RETRY_EXC_ERR.
+    fn on_rnr_timeout(&mut self, i: usize, now: Instant) {
+        self.stats.rnr_waits += 1;
+        let q = &mut self.storage.slices().qps[i];
+        q.rnr_deadline = None;
+        if q.rnr_retry != 7 {
+            if q.rnr_left == 0 {
+                self.fail_qp(i, WcStatus::RnrRetryExcErr);
+                return;
+            }
+            q.rnr_left -= 1;
+        }
+        self.transmit(i, now);
+    }
+
     /// The earliest retransmission deadline, so a progress thread knows how long it may sleep.
     pub fn next_deadline(&mut self) -> Option<Instant> {
-        self.storage
+        let rnr = self
+            .storage
+            .slices()
+            .qps
+            .iter()
+            .filter(|q| q.in_use)
+            .filter_map(|q| q.rnr_deadline)
+            .min();
+        let retx = self
+            .storage
             .slices()
             .qps
             .iter()
             .filter(|q| q.in_use)
             .filter_map(|q| q.deadline)
-            .min()
+            .min();
+        match (rnr, retx) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn poll_meta(&mut self, now: Instant) -> bool {
@@ -1422,6 +1665,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                         internal: true,
                         state: WqeState::Pending,
                         read_done: true,
+                        needs_recv: false,
                     },
                 );
                 self.transmit(i, now);
@@ -1581,11 +1825,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 q.sq_sent -= 1;
             }
             if w.signaled && !w.internal {
-                let opcode = if w.op == Some(WorkReqOpcode::Read) {
-                    WcOpcode::RdmaRead
-                } else {
-                    WcOpcode::RdmaWrite
-                };
+                let opcode = wc_opcode(&w);
                 Self::push_cqe(
                     &mut self.storage,
                     &mut self.stats,

@@ -22,6 +22,8 @@ pub enum WcStatus {
     LocLenErr = 1,
     /// The QP could not execute the request.
     LocQpOpErr = 2,
+    /// The responder's receive buffer is too small for the SEND.
+    RemInvReqErr = 9,
     /// A local key or address was invalid.
     LocProtErr = 4,
     /// The QP went to the error state before this request completed.
@@ -186,6 +188,9 @@ pub struct Wqe {
     pub state: WqeState,
     /// READ: the response data has arrived.
     pub read_done: bool,
+    /// SEND (and WRITE_WITH_IMM with an out-of-band channel): consumes the peer's next
+    /// announced receive WR; `raddr`/`rkey` are filled from it before transmission.
+    pub needs_recv: bool,
 }
 
 /// A received message whose last packet was reported: completed once every PSN up to it
@@ -306,8 +311,16 @@ pub struct QpSlot {
     pub firsts: heapless::Deque<(Psn, u32, u64), FIRSTS_TRACKED>,
     /// First PSN of the next message to deliver.
     pub next_msg: Psn,
-    /// Posted receive WRs (until issue D announces them to the peer).
+    /// Posted receive WRs, in the order they were announced to the peer.
     pub recvs: heapless::Deque<RecvWr, RECV_QUEUE>,
+    /// How many of the newest `recvs` are not announced yet (posted before RTR).
+    pub to_announce: u32,
+    /// Receive WRs the peer announced, not yet used by a SEND.
+    pub remote_recvs: heapless::Deque<crate::oob::RecvWr, RECV_QUEUE>,
+    /// A SEND waits for a receive WR: when the RNR timer fires.
+    pub rnr_deadline: Option<Instant>,
+    /// RNR retries left (7 = forever).
+    pub rnr_left: u8,
 }
 
 impl Default for QpSlot {
@@ -346,6 +359,10 @@ impl Default for QpSlot {
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),
             recvs: heapless::Deque::new(),
+            to_announce: 0,
+            remote_recvs: heapless::Deque::new(),
+            rnr_deadline: None,
+            rnr_left: 7,
         }
     }
 }
