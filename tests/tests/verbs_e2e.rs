@@ -173,7 +173,10 @@ fn read_fetches_the_remote_bytes() {
     );
     assert_eq!(
         (wc[0].wr_id, wc[0].status, wc[0].opcode),
-        (77, WcStatus::Success, WcOpcode::RdmaRead)
+        (77, WcStatus::Success, WcOpcode::RdmaRead),
+        "{}\n{}",
+        a.dump(),
+        b.dump()
     );
     assert!(sink.bytes().unwrap()[10..90_010] == source.bytes().unwrap()[3..90_003]);
 }

@@ -1055,21 +1055,19 @@ impl<P: Platform, S: Storage> Device<P, S> {
         Ok(())
     }
 
-    /// Appends a WQE, assigning its PSN range and MSN.
-    fn enqueue(&mut self, i: usize, mut w: Wqe) {
+    /// Appends a WQE. Its PSN range and MSN are assigned when it is first transmitted (in
+    /// posting order): a SEND's packet count depends on the receive buffer it is matched with.
+    fn enqueue(&mut self, i: usize, w: Wqe) {
         let depth = self.storage.sq_depth();
         let s = self.storage.slices();
         let q = &mut s.qps[i];
-        w.psn = q.next_psn.get();
-        w.msn = q.next_msn;
-        q.next_psn = q.next_psn.wrapping_add(w.npsn);
-        q.next_msn = q.next_msn.wrapping_add(1);
         let at = i * depth + ((q.sq_head + q.sq_len) as usize % depth);
         s.wqes[at] = w;
         q.sq_len += 1;
     }
 
-    /// Posts a receive WR (kept locally until issue D announces receives to the peer).
+    /// Posts receive WRs; they are announced to the peer over the out-of-band channel once
+    /// the QP is connected (RTR).
     pub fn post_recv(&mut self, qpn: QpHandle, wrs: &[RecvWr]) -> Result<(), (usize, VerbsError)> {
         let i = self.qp_index(qpn).map_err(|e| (0, e))?;
         for (k, wr) in wrs.iter().enumerate() {
