@@ -11,7 +11,9 @@ use std::time::Instant as StdInstant;
 use bluerdma_baremetal::dma::{DmaArena, DmaPool};
 use bluerdma_baremetal::firmware::{firmware_main, FirmwareConfig, FirmwareError, Step};
 use bluerdma_baremetal::memory::IdentityMemory;
+use bluerdma_baremetal::regs::{MmioRegs, RegisterBlock, REG_WINDOW_BYTES};
 use bluerdma_baremetal::storage::StaticStorage;
+use bluerdma_baremetal::Baremetal;
 use bluerdma_core::addr::DeviceAddr;
 use bluerdma_core::desc::MacAddr;
 use bluerdma_core::engine::{DeviceConfig, VerbsError, WcOpcode, WcStatus};
@@ -266,4 +268,48 @@ fn a_card_that_never_answers_fails_open_after_the_command_timeout_instead_of_han
     );
     // The default 2 s command timeout, counted in clock readings, not wall time.
     assert!((2_000..2_100).contains(&ticks), "{ticks} readings");
+}
+
+#[test]
+fn the_soft_core_platform_programs_the_rings_through_its_register_window() {
+    // The firmware's own platform type, over plain memory standing in for the register
+    // window: nothing answers, so open times out, but every register write is visible.
+    let mut window = vec![0u32; REG_WINDOW_BYTES / 4];
+    let block = std::ptr::NonNull::new(window.as_mut_ptr().cast::<RegisterBlock>()).unwrap();
+    // SAFETY: `window` is REG_WINDOW_BYTES of u32-aligned memory that outlives the engine
+    // (dropped inside firmware_main) and is read below only after that.
+    let regs = unsafe { MmioRegs::new(block) };
+    let pool = DmaPool::new(leak_arena::<ARENA>());
+    let (start, end) = pool.range();
+    let mut ticks = 0u64;
+    let mut clock = || {
+        ticks += 1;
+        Instant(ticks * 1_000_000)
+    };
+    let err = firmware_main::<Baremetal, _>(
+        regs,
+        &pool,
+        IdentityMemory::new(start as u64..end as u64),
+        FwStorage::new(),
+        &FirmwareConfig::new(device_config()),
+        &mut clock,
+    )
+    .unwrap_err();
+    assert_eq!(err.step(), Step::Open);
+    // Command request ring (block 0x100): base = an identity address inside the pool,
+    // head = 1 after the one command that was never answered.
+    let base = u64::from(window[0x100 / 4]) | u64::from(window[0x104 / 4]) << 32;
+    assert!(
+        (start as u64..end as u64).contains(&base) && base % 4096 == 0,
+        "ring base {base:#x} outside the pool {start:#x}..{end:#x}"
+    );
+    assert_eq!(window[0x108 / 4], 1, "one command doorbell");
+    // All six rings were programmed with distinct bases.
+    let mut bases: Vec<u32> = [0x000, 0x010, 0x100, 0x110, 0x140, 0x150]
+        .iter()
+        .map(|b| window[b / 4])
+        .collect();
+    bases.sort_unstable();
+    bases.dedup();
+    assert_eq!(bases.len(), 6, "{bases:x?}");
 }
