@@ -64,29 +64,32 @@ impl FirmwareConfig {
     }
 }
 
-/// The step of the self-test that failed.
+/// The step of the self-test that failed. The values are part of the firmware's verdict
+/// word (`SELFTEST_RESULT` in firmware/src/soft_core.rs), which testbenches and
+/// `cargo xtask ci` read: never renumber them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Step {
     /// Allocating the data buffer.
-    AllocBuffer,
+    AllocBuffer = 0,
     /// Opening the device (rings, network parameters).
-    Open,
+    Open = 1,
     /// Allocating the protection domain.
-    AllocPd,
+    AllocPd = 2,
     /// Registering the data buffer.
-    RegMr,
+    RegMr = 3,
     /// Creating the completion queues.
-    CreateCq,
+    CreateCq = 4,
     /// Creating the queue pairs.
-    CreateQp,
+    CreateQp = 5,
     /// Moving the QPs to RTS, each pointing at the other.
-    Connect,
+    Connect = 6,
     /// The RDMA WRITE.
-    Write,
+    Write = 7,
     /// The RDMA READ.
-    Read,
+    Read = 8,
     /// Destroying the objects and closing the device.
-    Teardown,
+    Teardown = 9,
 }
 
 impl Step {
