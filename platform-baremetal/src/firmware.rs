@@ -173,6 +173,42 @@ impl FirmwareError {
     }
 }
 
+impl FirmwareError {
+    /// Why, in two static strings (a kind and its detail, possibly empty), so that a
+    /// firmware can log the reason without linking `core::fmt`.
+    pub fn reason(&self) -> (&'static str, &'static str) {
+        match *self {
+            FirmwareError::Verbs { error, .. } => verbs_reason(error),
+            FirmwareError::Platform { error, .. } => platform_reason(error),
+            FirmwareError::Timeout { .. } => ("no completion in time", ""),
+            FirmwareError::BadCompletion { .. } => ("bad completion", ""),
+            FirmwareError::StrayCompletion { .. } => ("completion on the other QP's CQ", ""),
+            FirmwareError::DataMismatch { .. } => ("wrong bytes", ""),
+        }
+    }
+}
+
+fn verbs_reason(error: VerbsError) -> (&'static str, &'static str) {
+    match error {
+        VerbsError::CommandTimeout { op } => ("command timeout", op),
+        VerbsError::CommandFailed { op } => ("command failed", op),
+        VerbsError::OutOfResources { what } => ("out of resources", what),
+        VerbsError::InvalidArgument { what } => ("invalid argument", what),
+        VerbsError::Unsupported { what } => ("unsupported", what),
+        VerbsError::WrongQpState { op, .. } => ("wrong QP state", op),
+        VerbsError::Platform(p) => platform_reason(p),
+        _ => ("engine error", ""),
+    }
+}
+
+fn platform_reason(error: PlatformError) -> (&'static str, &'static str) {
+    match error {
+        PlatformError::OutOfMemory { .. } => ("platform", "out of DMA memory"),
+        PlatformError::NotMapped { .. } => ("platform", "memory outside the card's window"),
+        _ => ("platform", "error"),
+    }
+}
+
 impl fmt::Display for FirmwareError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let step = self.step().name();

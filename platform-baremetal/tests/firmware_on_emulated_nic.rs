@@ -266,6 +266,7 @@ fn a_card_that_never_answers_fails_open_after_the_command_timeout_instead_of_han
             }
         }
     );
+    assert_eq!(err.reason(), ("command timeout", "SetNetworkParam"));
     // The default 2 s command timeout, counted in clock readings, not wall time.
     assert!((2_000..2_100).contains(&ticks), "{ticks} readings");
 }

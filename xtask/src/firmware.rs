@@ -69,7 +69,10 @@ pub fn firmware_build(root: &Path, logs: &Path) -> Row {
         root,
         logs,
         "firmware for riscv32imac",
-        &format!("cargo build -p {FIRMWARE} --release --locked --target {RISCV_TARGET}"),
+        // defmt keeps only errors unless told otherwise; the firmware's progress is info.
+        &format!(
+            "DEFMT_LOG=info cargo build -p {FIRMWARE} --release --locked --target {RISCV_TARGET}"
+        ),
     );
     if row.failed > 0 {
         return row;

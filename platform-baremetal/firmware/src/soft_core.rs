@@ -9,7 +9,7 @@ use bluerdma_baremetal::clock::{cycles_to_nanos, CycleClock};
 use bluerdma_baremetal::core::desc::MacAddr;
 use bluerdma_baremetal::core::engine::DeviceConfig;
 use bluerdma_baremetal::dma::{DmaArena, DmaPool};
-use bluerdma_baremetal::firmware::{firmware_main, FirmwareConfig};
+use bluerdma_baremetal::firmware::{firmware_main, FirmwareConfig, FirmwareError};
 use bluerdma_baremetal::memory::IdentityMemory;
 use bluerdma_baremetal::panic::halt;
 use bluerdma_baremetal::regs::MmioRegs;
@@ -83,7 +83,27 @@ fn main() -> ! {
             SELFTEST_RESULT.store(PASSED, Ordering::SeqCst);
         }
         Err(e) => {
-            defmt::error!("self-test failed at {=str}", e.step().name());
+            let (kind, detail) = e.reason();
+            defmt::error!(
+                "self-test failed at {=str}: {=str} {=str}",
+                e.step().name(),
+                kind,
+                detail
+            );
+            if let FirmwareError::DataMismatch {
+                offset,
+                expected,
+                found,
+                ..
+            } = e
+            {
+                defmt::error!(
+                    "byte {=u32} is {=u8:#x}, expected {=u8:#x}",
+                    offset,
+                    found,
+                    expected
+                );
+            }
             SELFTEST_RESULT.store(FAILED | e.step() as u32, Ordering::SeqCst);
         }
     }
