@@ -78,6 +78,9 @@ pub struct DeviceSpec {
     pub capacity: Capacity,
     /// Translation page size (must match the card).
     pub page_size: PageSize,
+    /// Emulated card only: add the protection-domain check the real card lacks
+    /// (hardware-contract.md correction 10).
+    pub strict_pd: bool,
 }
 
 impl DeviceSpec {
@@ -90,6 +93,7 @@ impl DeviceSpec {
             mac: MacAddr([0x02, 0x00, o[0], o[1], o[2], o[3]]),
             capacity: Capacity::default(),
             page_size: PageSize::Size2M,
+            strict_pd: false,
         }
     }
 }
@@ -141,6 +145,7 @@ impl Context {
             NicConfig {
                 name: spec.name.clone(),
                 page_size: spec.page_size,
+                strict: spec.strict_pd,
                 ..NicConfig::default()
             },
             link,
@@ -200,7 +205,16 @@ impl Context {
     pub fn card_stats(&self) -> String {
         let card = self.inner.card.lock().unwrap_or_else(|e| e.into_inner());
         card.as_ref()
-            .map(|c| c.nic.stats().snapshot().to_string())
+            .map(|c| {
+                let mut s = c.nic.stats().snapshot().to_string();
+                for counter in bluerdma_core::regs::Counter::ALL {
+                    let v = c.nic.regs().counter(counter);
+                    if v != 0 {
+                        s.push_str(&format!(" {counter:?}={v}"));
+                    }
+                }
+                s
+            })
             .unwrap_or_default()
     }
 

@@ -126,6 +126,8 @@ pub struct EngineStats {
     pub raw_frames: u64,
     /// Completions lost to a full CQ.
     pub cq_overruns: u64,
+    /// Batches the send ring refused (their packets go out again by retransmission).
+    pub send_refused: u64,
 }
 
 /// A QP's handle: its QPN.
@@ -537,6 +539,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<(), VerbsError> {
         let slot = self.mr_slot(key)?;
+        self.retire_mr_users(key);
         self.command(
             CmdRequest::UpdateMrTable(UpdateMrTable {
                 mr_base_va: VirtAddr(0),
@@ -552,6 +555,44 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.mark_pgt(slot.pgt_offset, slot.pages, false);
         self.storage.slices().mrs[key.index() as usize] = MrSlot::default();
         Ok(())
+    }
+
+    /// Work still queued on an MR that is being deregistered must never reach the card (a
+    /// WQE with an invalid lkey stops the RTL). Internal READ responses using it are dropped
+    /// (the requester times out, as if the data were gone); an application request still
+    /// using it fails its QP with LOC_PROT_ERR.
+    fn retire_mr_users(&mut self, key: MrKey) {
+        let depth = self.storage.sq_depth();
+        let nqps = self.storage.slices().qps.len();
+        for i in 0..nqps {
+            let mut app_user = false;
+            {
+                let s = self.storage.slices();
+                let q = &s.qps[i];
+                if !q.in_use {
+                    continue;
+                }
+                for k in 0..q.sq_len {
+                    let w = &mut s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+                    if w.lkey != key.get() || w.state == WqeState::Acked && w.read_done {
+                        continue;
+                    }
+                    if w.internal {
+                        w.state = WqeState::Acked;
+                        w.read_done = true;
+                    } else if w.state != WqeState::Acked
+                        || !w.read_done && w.op == Some(WorkReqOpcode::Read)
+                    {
+                        app_user = true;
+                    }
+                }
+            }
+            if app_user {
+                self.fail_qp(i, WcStatus::LocProtErr);
+            } else {
+                self.complete_head(i);
+            }
+        }
     }
 
     fn mr_slot(&mut self, key: MrKey) -> Result<MrSlot, VerbsError> {
@@ -751,6 +792,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             CmdRequest::ManageQp(ManageQp {
                 is_valid: valid,
                 is_error: false,
+                pd: q.pd,
                 qpn,
                 peer_qpn: q.dest_qpn,
                 rq_access_flags: access,
@@ -800,6 +842,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             if let Some(v) = attr.rq_psn {
                 q.rx.reset(v);
                 q.acked_rx = v;
+                q.next_msg = v;
             }
             if let Some(v) = attr.sq_psn {
                 q.next_psn = v;
@@ -1113,6 +1156,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     fn flush_send(&mut self, descs: &[RawDesc]) {
         if self.send.push_batch(&self.regs, descs).is_err() {
+            self.stats.send_refused += 1;
             // The caller checked the free slots; a refusal here means the card reported an
             // impossible tail. The WQEs stay Sent and the retransmission timer resends them.
             core_error!("send ring refused a batch of {} descriptors", descs.len());
@@ -1267,11 +1311,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 };
                 let psn = Psn::from_raw(p.psn);
                 let q = &mut self.storage.slices().qps[i];
+                if psn.is_before(q.rx.base()) {
+                    q.reack = true;
+                }
                 q.rx.set(psn);
-                q.lost.retain(|l| *l != psn);
                 let op = p.opcode;
-                if op.is_first() || op.is_only() {
-                    q.cur_msg_len = p.total_len;
+                if op.is_first() && !q.firsts.iter().any(|f| f.0 == psn) {
+                    if q.firsts.is_full() {
+                        q.firsts.pop_front();
+                    }
+                    let _ = q.firsts.push_back((psn, p.total_len, p.raddr.0));
                 }
                 if op.is_last() || op.is_only() {
                     let kind = if op.is_read_response() {
@@ -1287,11 +1336,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     } else {
                         MsgKind::Write
                     };
-                    let len = if op.is_only() {
-                        p.total_len
-                    } else {
-                        q.cur_msg_len
-                    };
+                    let len = if op.is_only() { p.total_len } else { 0 };
                     push_msg(
                         q,
                         MsgEnd {
@@ -1299,6 +1344,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
                             kind,
                             imm: p.imm_data,
                             len,
+                            only: op.is_only(),
+                            addr: p.raddr.0,
                         },
                     );
                 }
@@ -1311,6 +1358,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 let psn = Psn::from_raw(p.psn);
                 {
                     let q = &mut self.storage.slices().qps[i];
+                    if psn.is_before(q.rx.base()) {
+                        q.reack = true;
+                    }
                     q.rx.set(psn);
                     push_msg(
                         q,
@@ -1319,6 +1369,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
                             kind: MsgKind::ReadReq,
                             imm: 0,
                             len: p.total_len,
+                            only: true,
+                            addr: p.raddr.0,
                         },
                     );
                 }
@@ -1400,17 +1452,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     return;
                 };
                 if a.is_send_by_local_hw {
-                    // Our card saw a gap leave its window: the zero bits that slid out are
-                    // lost; everything else below the new window bottom arrived.
+                    // Our card saw a gap leave its window: from the first lost PSN to the new
+                    // window bottom, only what is reported explicitly arrived.
                     let q = &mut self.storage.slices().qps[i];
                     let new_bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
-                    for lost in slid_out_zeros(a.psn_before_slide, extra.pre_bitmap, new_bottom) {
-                        if !q.rx.is_set(lost)
-                            && !q.lost.contains(&lost)
-                            && q.lost.push(lost).is_err()
-                        {
-                            break;
-                        }
+                    if let Some(first) =
+                        first_lost(a.psn_before_slide, extra.pre_bitmap, new_bottom)
+                    {
+                        record_lost(q, PsnRange::from_bounds(first, new_bottom));
                     }
                     mark_card_cumulative(q, new_bottom);
                     q.rx.merge_card_report(Psn::from_raw(a.psn_before_slide), extra.pre_bitmap);
@@ -1420,17 +1469,58 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     self.on_ack(i, from, now);
                     self.retransmit(i, from, now);
                 } else {
-                    // The peer card's NAK: resend from its first missing PSN.
-                    let base =
-                        crate::transport::card_bitmap_base(Psn::from_raw(a.psn_before_slide));
-                    let lost = (0..128u32)
-                        .find(|b| extra.pre_bitmap >> b & 1 == 0)
-                        .map(|b| base.wrapping_add(b))
-                        .unwrap_or(Psn::from_raw(a.psn_now));
-                    self.retransmit(i, lost, now);
+                    // The peer card's NAK. The card never marks READ requests or zero-length
+                    // WRITEs in its bitmap (nic-behaviour.md 3.2), so their PSNs always look
+                    // lost: resend only from a PSN that carried data. A NAK with no such PSN
+                    // (e.g. the card's first packet after a reset: review correction 7)
+                    // carries no loss.
+                    let new_bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
+                    if let Some(lost) =
+                        self.first_data_lost(i, a.psn_before_slide, extra.pre_bitmap, new_bottom)
+                    {
+                        self.retransmit(i, lost, now);
+                    }
                 }
             }
         }
+    }
+
+    /// The first PSN a peer card's NAK reports lost that this QP sent with data (the card
+    /// cannot mark READ requests or zero-length WRITEs) and that is not yet acknowledged.
+    fn first_data_lost(
+        &mut self,
+        i: usize,
+        psn_before_slide: u32,
+        pre_bitmap: u128,
+        new_bottom: Psn,
+    ) -> Option<Psn> {
+        let depth = self.storage.sq_depth();
+        let s = self.storage.slices();
+        let q = &s.qps[i];
+        let wqes = &s.wqes;
+        let unmarked = |psn: Psn| {
+            (0..q.sq_sent).any(|k| {
+                let w = &wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+                w.psn == psn.get()
+                    && (w.op == Some(WorkReqOpcode::Read)
+                        || w.len == 0 && w.op == Some(WorkReqOpcode::Write))
+            })
+        };
+        let pre_base = crate::transport::card_bitmap_base(Psn::from_raw(psn_before_slide));
+        let old_top = pre_base.wrapping_add(128);
+        let jumped = if old_top.is_before(new_bottom) {
+            PsnRange::from_bounds(old_top, new_bottom)
+        } else {
+            PsnRange::new(old_top, 0)
+        };
+        let mut candidates = (0..128u32)
+            .filter(|b| pre_bitmap >> b & 1 == 0)
+            .map(|b| pre_base.wrapping_add(b))
+            .chain(jumped.iter().take(4096))
+            .filter(|p| {
+                p.is_before(new_bottom) && !p.is_before(q.acked_psn) && p.is_before(q.next_psn)
+            });
+        candidates.find(|p| !unmarked(*p))
     }
 
     /// Retires acknowledged WQEs (in order) up to `psn` (exclusive).
@@ -1444,14 +1534,18 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         q.acked_psn = psn;
         q.retries_left = q.retry_cnt;
+        let mut read_waiting = false;
         for k in 0..q.sq_sent {
             let w = &mut s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
             let end = Psn::from_raw(w.psn).wrapping_add(w.npsn);
             if w.state == WqeState::Sent && !psn.is_before(end) {
                 w.state = WqeState::Acked;
             }
+            read_waiting |= w.op == Some(WorkReqOpcode::Read) && !w.read_done;
         }
-        q.deadline = if q.acked_psn == q.next_psn {
+        // A READ whose request was acknowledged still waits for its response: keep the
+        // timer, which resends the request if the response never comes.
+        q.deadline = if q.acked_psn == q.next_psn && !read_waiting {
             None
         } else {
             timeout_of(q).map(|t| now + t)
@@ -1514,6 +1608,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Go-back-N from `from`: every sent packet at or after it is posted again with
     /// is_retry, including the packets of a WQE that started before it.
     fn retransmit(&mut self, i: usize, from: Psn, now: Instant) {
+        self.resend(i, from, now, false)
+    }
+
+    /// Go-back-N from `from`; after a timeout (`reads_too`) also the requests of READs
+    /// that were acknowledged but whose response never came.
+    fn resend(&mut self, i: usize, from: Psn, now: Instant, reads_too: bool) {
         self.stats.retransmits += 1;
         let depth = self.storage.sq_depth();
         let q = self.storage.slices().qps[i].clone();
@@ -1526,12 +1626,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let mut n = 0usize;
         for k in 0..q.sq_sent {
             let w = self.storage.slices().wqes[i * depth + ((q.sq_head + k) as usize % depth)];
-            if w.state != WqeState::Sent {
+            let read_waiting = reads_too && w.op == Some(WorkReqOpcode::Read) && !w.read_done;
+            if w.state != WqeState::Sent && !read_waiting {
                 continue;
             }
             let span = span_of(&w);
             let psns = PsnRange::new(Psn::from_raw(w.psn), w.npsn);
-            if !psns.contains(from) && from.is_after(psns.start()) {
+            if !psns.contains(from) && from.is_after(psns.start()) && !read_waiting {
                 continue;
             }
             let range = PsnRange::from_bounds(
@@ -1608,7 +1709,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return;
         }
         self.storage.slices().qps[i].retries_left = left - 1;
-        self.retransmit(i, acked, now);
+        self.resend(i, acked, now, true);
     }
 
     /// The head WQE completes with `status`, the QP goes to ERR and the rest is flushed.
@@ -1754,7 +1855,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     self.stats.naks_sent += 1;
                 }
             }
-            if !in_use || base == acked {
+            let reack = core::mem::take(&mut self.storage.slices().qps[i].reack);
+            if !in_use || base == acked && !reack {
                 continue;
             }
             any = true;
@@ -1788,6 +1890,25 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     fn deliver(&mut self, i: usize, m: &MsgEnd) {
         let depth = self.storage.sq_depth();
+        // A multi-packet message's length is in its FIRST packet's report (the message
+        // starts right after the previous one: PSN ranges of messages are contiguous).
+        let mut m = *m;
+        {
+            let q = &mut self.storage.slices().qps[i];
+            let start = q.next_msg;
+            if !m.only {
+                if let Some(f) = q.firsts.iter().find(|f| f.0 == start) {
+                    m.len = f.1;
+                    m.addr = f.2;
+                }
+            }
+            q.next_msg = m.psn.wrapping_add(1);
+            let next = q.next_msg;
+            while q.firsts.front().is_some_and(|f| f.0.is_before(next)) {
+                q.firsts.pop_front();
+            }
+        }
+        let m = &m;
         match m.kind {
             MsgKind::Write | MsgKind::ReadReq => {}
             MsgKind::WriteImm | MsgKind::Send | MsgKind::SendImm => {
@@ -1818,13 +1939,18 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 );
             }
             MsgKind::ReadResp => {
-                // Read responses come back in the order of the requests: the oldest READ
-                // without its data gets it.
+                // A response belongs to the oldest READ waiting for data with the same sink
+                // address and length. A resent request gets a second response (the card
+                // has no duplicate detection): it finds no waiting READ and is ignored.
                 let s = self.storage.slices();
                 let q = &s.qps[i];
                 for k in 0..q.sq_sent {
                     let w = &mut s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
-                    if w.op == Some(WorkReqOpcode::Read) && !w.read_done {
+                    if w.op == Some(WorkReqOpcode::Read)
+                        && !w.read_done
+                        && w.laddr == m.addr
+                        && w.len == m.len
+                    {
                         w.read_done = true;
                         break;
                     }
@@ -1903,30 +2029,69 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 }
 
-/// The PSNs of a card bitmap (`pre_bitmap` at `psn_before_slide`) whose bit is 0 and that
-/// lie below the new window bottom: the packets the card saw go missing.
-fn slid_out_zeros(
-    psn_before_slide: u32,
-    pre_bitmap: u128,
-    new_bottom: Psn,
-) -> impl Iterator<Item = Psn> {
+/// The first PSN a card NAK says is lost: the lowest zero bit of the old window
+/// (`pre_bitmap` at `psn_before_slide`) that left the window, or, when the window jumped
+/// past its old top, the old top itself. Every PSN from there to the new window bottom may
+/// be missing; the ones that arrived are set explicitly by their own reports.
+fn first_lost(psn_before_slide: u32, pre_bitmap: u128, new_bottom: Psn) -> Option<Psn> {
     let pre_base = crate::transport::card_bitmap_base(Psn::from_raw(psn_before_slide));
-    (0..128u32)
-        .filter(move |b| pre_bitmap >> b & 1 == 0)
-        .map(move |b| pre_base.wrapping_add(b))
-        .filter(move |p| p.is_before(new_bottom))
+    let old_top = pre_base.wrapping_add(128);
+    let zero = (0..128u32)
+        .filter(|b| pre_bitmap >> b & 1 == 0)
+        .map(|b| pre_base.wrapping_add(b))
+        .find(|p| p.is_before(new_bottom));
+    match zero {
+        Some(z) => Some(z),
+        None if old_top.is_before(new_bottom) => Some(old_top),
+        None => None,
+    }
 }
 
-/// The card reports a PSN only while it is inside its 128-PSN window, and it reports every
-/// PSN that leaves the window unreceived (a NAK). So everything below the window bottom
-/// arrived, except the lost PSNs still outstanding: mark up to the first of those.
+fn record_lost(q: &mut QpSlot, range: PsnRange) {
+    if range.is_empty() {
+        return;
+    }
+    if let Err(r) = q.lost.push(range) {
+        // Full: widen the last range so that nothing lost is ever forgotten.
+        if let Some(last) = q.lost.last_mut() {
+            let start = if r.start().is_before(last.start()) {
+                r.start()
+            } else {
+                last.start()
+            };
+            let end = if last.end().is_before(r.end()) {
+                r.end()
+            } else {
+                last.end()
+            };
+            *last = PsnRange::from_bounds(start, end);
+        }
+    }
+}
+
+/// The card reports a PSN only while it is inside its 128-PSN window, and it NAKs every PSN
+/// that leaves the window unreceived. So everything below the window bottom arrived except
+/// the lost ranges: mark up to the first PSN of those still missing.
 fn mark_card_cumulative(q: &mut QpSlot, bottom: Psn) {
     let base = q.rx.base();
-    q.lost.retain(|l| !l.is_before(base));
+    // Trim each lost range past the PSNs that have arrived since; drop resolved ones.
+    let rx = &q.rx;
+    for r in q.lost.iter_mut() {
+        let mut start = if r.start().is_before(base) {
+            base
+        } else {
+            r.start()
+        };
+        while start.is_before(r.end()) && rx.is_set(start) {
+            start = start.wrapping_add(1);
+        }
+        *r = PsnRange::from_bounds(start, r.end());
+    }
+    q.lost.retain(|r| !r.is_empty() && r.end().is_after(base));
     let upto = q
         .lost
         .iter()
-        .copied()
+        .map(|r| r.start())
         .filter(|l| l.is_before(bottom))
         .min_by(|a, b| {
             if a.is_before(*b) {

@@ -10,7 +10,7 @@ use crate::mac::MacAddr;
 use crate::mtu::Pmtu;
 use crate::qp::{QpAccessFlags, QpState, QpType};
 use crate::time::Instant;
-use crate::transport::{Psn, PsnBitmap};
+use crate::transport::{Psn, PsnBitmap, PsnRange};
 
 /// Work-completion status (the `ibv_wc_status` values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,8 +198,14 @@ pub struct MsgEnd {
     pub kind: MsgKind,
     /// Immediate data.
     pub imm: u32,
-    /// Message length.
+    /// Message length (ONLY packets); for a multi-packet message it comes from its FIRST
+    /// packet's report at delivery.
     pub len: u32,
+    /// The message was one packet.
+    pub only: bool,
+    /// The RETH address of the message's first packet (READ responses: the requester's
+    /// sink address, which identifies the READ they answer).
+    pub addr: u64,
 }
 
 /// The kind of a received message.
@@ -223,8 +229,10 @@ pub enum MsgKind {
 pub const RX_WORDS: usize = 16;
 /// Received-but-undelivered messages per QP.
 pub const MSG_QUEUE: usize = 64;
-/// Lost PSNs tracked per QP; with more, the cumulative marking stops at the last one.
+/// Lost PSN ranges tracked per QP; when full, new losses merge into the last range.
 pub const LOST_TRACKED: usize = 64;
+/// FIRST packets remembered per QP (their RETH carries the message length).
+pub const FIRSTS_TRACKED: usize = 32;
 /// Locally posted receive WRs per QP.
 pub const RECV_QUEUE: usize = 64;
 
@@ -285,13 +293,19 @@ pub struct QpSlot {
     pub acked_rx: Psn,
     /// The card's quiet report showed a hole below received PSNs: NAK it at the next poll.
     pub nak_due: bool,
-    /// PSNs the card reported lost (they slid out of its window unreceived) and that have
-    /// not arrived since: the card's window bottom is a cumulative ACK except for these.
-    pub lost: heapless::Vec<Psn, LOST_TRACKED>,
+    /// A duplicate arrived (a PSN below the base): the requester missed an ACK, send the
+    /// current one again.
+    pub reack: bool,
+    /// PSN ranges the card reported lost (they left its window unreceived, or its window
+    /// jumped over them) and that have not all arrived since: the card's window bottom is a
+    /// cumulative ACK only up to the first of these.
+    pub lost: heapless::Vec<PsnRange, LOST_TRACKED>,
     /// Received messages waiting for their PSNs.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
-    /// Length of the message in progress (from its FIRST/ONLY packet).
-    pub cur_msg_len: u32,
+    /// FIRST packets seen of messages not delivered yet: (PSN, message length, RETH address).
+    pub firsts: heapless::Deque<(Psn, u32, u64), FIRSTS_TRACKED>,
+    /// First PSN of the next message to deliver.
+    pub next_msg: Psn,
     /// Posted receive WRs (until issue D announces them to the peer).
     pub recvs: heapless::Deque<RecvWr, RECV_QUEUE>,
 }
@@ -326,9 +340,11 @@ impl Default for QpSlot {
             rx: PsnBitmap::new(Psn::from_raw(0)),
             acked_rx: Psn::from_raw(0),
             nak_due: false,
+            reack: false,
             lost: heapless::Vec::new(),
             msgs: heapless::Deque::new(),
-            cur_msg_len: 0,
+            firsts: heapless::Deque::new(),
+            next_msg: Psn::from_raw(0),
             recvs: heapless::Deque::new(),
         }
     }
