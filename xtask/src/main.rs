@@ -6,6 +6,8 @@
 //!   them (`platform-sim/src/scenarios.rs`, run through the `sim` example of bluerdma-sim so
 //!   that xtask itself stays free of dependencies).
 
+mod firmware;
+
 use std::env;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -209,6 +211,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
              cargo test -p bluerdma-core --test ring_loom --release --locked",
         ));
         rows.push(no_std_build(root, &logs));
+        rows.extend(firmware::firmware_checks(root, &logs));
     }
 
     print_table(&rows);
