@@ -60,6 +60,7 @@ fn manage_qp(i: u32) -> CmdRequest {
     CmdRequest::ManageQp(ManageQp {
         is_valid: true,
         is_error: false,
+        pd: 0,
         qpn: Qpn::from_raw((i + 1) << 8 | 0xAB),
         peer_qpn: Qpn::from_raw(0x0345CD),
         rq_access_flags: AccessFlags::from_bits_retain(7),

@@ -21,6 +21,7 @@ pub mod log;
 
 pub mod addr;
 pub mod desc;
+pub mod engine;
 pub mod keys;
 pub mod mac;
 pub mod mtu;

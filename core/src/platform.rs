@@ -109,6 +109,22 @@ impl DmaBuffer {
     pub const fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The bytes, for the CPU. The card may read or write them concurrently (that is DMA);
+    /// which side owns which bytes when is the business of the ring or command protocol.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `new`'s contract makes `cpu` valid for `len` bytes while the buffer lives,
+        // and `&mut self` makes this the only CPU-side borrow through this handle.
+        unsafe { core::slice::from_raw_parts_mut(self.cpu.as_ptr(), self.len) }
+    }
+}
+
+/// Returns a buffer the core owns to its allocator. Inside the core no pointer from
+/// [`DmaBuffer::cpu`] outlives the buffer it came from (rings give theirs back through
+/// `into_buffer`), which is what `free` requires.
+pub(crate) fn release<A: DmaAllocator + ?Sized>(dma: &A, buf: DmaBuffer) {
+    // SAFETY: `buf` was allocated by `dma` (the core frees only what it allocated there)
+    // and, by the invariant above, nothing uses it afterwards.
+    unsafe { dma.free(buf) }
 }
 
 // SAFETY: a DmaBuffer is a description of memory owned by the allocator, not a borrow of
@@ -184,6 +200,20 @@ pub trait OobTransport {
     fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError>;
     /// Takes the next event, if any. Never blocks.
     fn poll(&mut self) -> Option<OobEvent>;
+}
+
+/// The out-of-band transport of a platform that has none (yet): announcing a receive WR
+/// fails with [`PlatformError::Unsupported`] and nothing ever arrives.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoOob;
+
+impl OobTransport for NoOob {
+    fn send(&mut self, _peer: Ipv4Addr, _wr: &RecvWr) -> Result<(), PlatformError> {
+        Err(PlatformError::Unsupported)
+    }
+    fn poll(&mut self) -> Option<OobEvent> {
+        None
+    }
 }
 
 /// A bundle of the four platform services, so the engine has one type parameter.

@@ -73,6 +73,7 @@ const MANAGE_QP: Ranges = &[
     (92, 4),
     (96, 8),
     (104, 24),
+    (128, 32), // pd: this project's extension in reserved bits
     (160, 24),
     (190, 1),
     (191, 1),
@@ -420,7 +421,7 @@ fn cmd_request() -> impl Strategy<Value = CmdRequest> {
             })
         }),
         (
-            any::<(bool, bool)>(),
+            any::<(bool, bool, u32)>(),
             qpn(),
             qpn(),
             access(),
@@ -432,7 +433,7 @@ fn cmd_request() -> impl Strategy<Value = CmdRequest> {
         )
             .prop_map(
                 |(
-                    (is_valid, is_error),
+                    (is_valid, is_error, pd),
                     qpn,
                     peer_qpn,
                     rq_access_flags,
@@ -445,6 +446,7 @@ fn cmd_request() -> impl Strategy<Value = CmdRequest> {
                     CmdRequest::from(ManageQp {
                         is_valid,
                         is_error,
+                        pd,
                         qpn,
                         peer_qpn,
                         rq_access_flags,

@@ -120,6 +120,7 @@ fn v3_fields() -> ManageQp {
     ManageQp {
         is_valid: true,
         is_error: false,
+        pd: 0,
         qpn: qpn(0x0123AB),
         peer_qpn: qpn(0x0345CD),
         rq_access_flags: AccessFlags::from_bits_retain(0x07),
@@ -592,6 +593,7 @@ fn isolation_manage_qp() {
     let zero = ManageQp {
         is_valid: false,
         is_error: false,
+        pd: 0,
         qpn: qpn(0),
         peer_qpn: qpn(0),
         rq_access_flags: AccessFlags::empty(),
@@ -634,6 +636,11 @@ fn isolation_manage_qp() {
                 "rq_access_flags",
                 c(&|v| v.rq_access_flags = AccessFlags::all()),
                 &[(96, 8, ONES_8)],
+            ),
+            case(
+                "pd (project extension)",
+                c(&|v| v.pd = u32::MAX),
+                &[(128, 32, 0xFFFF_FFFF)],
             ),
             case(
                 "peer_qpn",
@@ -1191,11 +1198,11 @@ fn invalid_pmtu_in_manage_qp_is_named() {
 
 #[test]
 fn reserved_bits_are_ignored_like_the_rtl_does() {
-    // ManageQp reserved bits: 64..84, 88..91, 128..159, 184..189, 233..239, 249..253.
+    // ManageQp reserved bits: 64..84, 88..91, 184..189, 233..239, 249..253. (128..159 are
+    // reserved in the RTL too, but carry this project's pd extension.)
     let noise = bytes_of(&[&[
         (64, 21, u128::MAX),
         (88, 4, u128::MAX),
-        (128, 32, u128::MAX),
         (184, 6, u128::MAX),
         (233, 7, u128::MAX),
         (249, 5, u128::MAX),

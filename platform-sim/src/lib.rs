@@ -13,3 +13,5 @@ pub mod mem;
 pub mod model;
 pub mod rawdrv;
 pub mod rtl;
+pub mod scenarios;
+pub mod serve;

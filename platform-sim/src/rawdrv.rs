@@ -278,6 +278,7 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
         self.command(CmdRequest::ManageQp(ManageQp {
             is_valid: valid,
             is_error: false,
+            pd: 1,
             qpn,
             peer_qpn,
             rq_access_flags: access,

@@ -1,6 +1,11 @@
 //! The emulated card driven through raw rings with the core's descriptors (no engine):
 //! what a WRITE, a READ request, a key violation and a PSN gap do, as the hardware contract
 //! says. Two cards on an in-memory link (deterministic) unless a test says otherwise.
+//!
+//! Every test runs twice, once per way of attaching the driver (module `in_process` and
+//! module `rtl_protocol`): in-process calls, and the RTL simulator's socket protocol against
+//! served cards (JSON register lines, one DMA line per bus beat answered from the driver's
+//! own memory). The last test links two served cards with the simulator's two-card link.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -11,14 +16,17 @@ use bluerdma_core::desc::send::{SendFlags, SendRequest, SendSeg0, SendSeg1, Work
 use bluerdma_core::desc::{AccessFlags, MacAddr, QpType};
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::mtu::Pmtu;
-use bluerdma_core::regs::Counter;
+use bluerdma_core::platform::RegisterAccess;
+use bluerdma_core::regs::{Counter, Reg};
 use bluerdma_core::wire::RdmaOpcode;
-use bluerdma_sim::inproc::InProcessCard;
-use bluerdma_sim::inproc::SimRegs;
-use bluerdma_sim::link::{LinkPort, MemHub};
-use bluerdma_sim::mem::HostDma;
-use bluerdma_sim::model::NicConfig;
+use bluerdma_sim::inproc::{InProcessCard, SimRegs};
+use bluerdma_sim::link::{LinkPort, LinkStats, MemHub};
+use bluerdma_sim::mem::{AddressMap, HostDma, HostMemory};
+use bluerdma_sim::model::{Nic, NicConfig};
 use bluerdma_sim::rawdrv::RawDriver;
+use bluerdma_sim::rtl::eth::TWO_CARD_RETRY;
+use bluerdma_sim::rtl::{CsrClient, TwoCardLink};
+use bluerdma_sim::serve::{RtlAttach, ServePorts, ServedCard};
 
 const IP0: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const IP1: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -30,41 +38,165 @@ const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
 
-struct Side<'a> {
-    drv: RawDriver<SimRegs, &'a HostDma>,
+/// How the driver reaches a card.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attach {
+    /// Calls into the card's register file; the card reads the driver's memory directly.
+    InProcess,
+    /// The RTL simulator's sockets, served by the model on OS-chosen ports.
+    Rtl,
 }
 
-struct Pair {
-    cards: [InProcessCard; 2],
+impl Attach {
+    /// How long `collect_meta` waits with no new report before it returns: every DMA beat
+    /// is a JSON line over TCP on the RTL path, so a 64 KiB WRITE pauses longer between
+    /// reports there.
+    fn quiet(self) -> Duration {
+        match self {
+            Attach::InProcess => Duration::from_millis(30),
+            Attach::Rtl => Duration::from_millis(500),
+        }
+    }
 }
 
-impl Pair {
-    fn new(links: [Box<dyn LinkPort>; 2]) -> Pair {
-        let [l0, l1] = links;
-        let cfg = |name: &str| NicConfig {
+/// One card with the driver's platform services.
+// Two per test: their size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Card {
+    InProcess(InProcessCard),
+    /// `card` is declared first so it stops before the driver's connections close.
+    Rtl {
+        card: ServedCard,
+        driver: RtlAttach,
+    },
+}
+
+impl Card {
+    fn start(attach: Attach, name: &str, link: Box<dyn LinkPort>) -> Card {
+        let config = NicConfig {
             name: name.into(),
             ..NicConfig::default()
         };
-        Pair {
-            cards: [
-                InProcessCard::start(cfg("blue0"), l0).unwrap(),
-                InProcessCard::start(cfg("blue1"), l1).unwrap(),
-            ],
+        match attach {
+            Attach::InProcess => Card::InProcess(InProcessCard::start(config, link).unwrap()),
+            Attach::Rtl => {
+                let card = ServedCard::start(config, ServePorts::ANY, link).unwrap();
+                let driver = RtlAttach::connect(card.ports()).unwrap();
+                Card::Rtl { card, driver }
+            }
         }
     }
 
-    fn in_memory() -> Pair {
+    fn nic(&self) -> &Nic {
+        match self {
+            Card::InProcess(c) => &c.nic,
+            Card::Rtl { card, .. } => card.nic(),
+        }
+    }
+
+    fn regs(&self) -> Regs<'_> {
+        match self {
+            Card::InProcess(c) => Regs::InProcess(&c.regs),
+            Card::Rtl { driver, .. } => Regs::Rtl(&driver.regs),
+        }
+    }
+
+    fn dma(&self) -> &HostDma {
+        match self {
+            Card::InProcess(c) => &c.dma,
+            Card::Rtl { driver, .. } => &driver.dma,
+        }
+    }
+
+    /// The driver's memory as the card reaches it.
+    fn map(&self) -> &AddressMap {
+        match self {
+            Card::InProcess(c) => &c.map,
+            Card::Rtl { driver, .. } => &driver.map,
+        }
+    }
+}
+
+/// The driver's register access on either path.
+#[derive(Clone, Copy)]
+enum Regs<'a> {
+    InProcess(&'a SimRegs),
+    Rtl(&'a CsrClient),
+}
+
+impl RegisterAccess for Regs<'_> {
+    fn read32(&self, reg: Reg) -> u32 {
+        match self {
+            Regs::InProcess(r) => r.read32(reg),
+            Regs::Rtl(r) => r.read32(reg),
+        }
+    }
+
+    fn write32(&self, reg: Reg, value: u32) {
+        match self {
+            Regs::InProcess(r) => r.write32(reg, value),
+            Regs::Rtl(r) => r.write32(reg, value),
+        }
+    }
+}
+
+struct Side<'a> {
+    drv: RawDriver<Regs<'a>, &'a HostDma>,
+}
+
+struct Pair {
+    attach: Attach,
+    cards: [Card; 2],
+    /// Each card's link counters (shared with its port).
+    links: [LinkStats; 2],
+}
+
+impl Pair {
+    fn new(attach: Attach, links: [Box<dyn LinkPort>; 2]) -> Pair {
+        let stats = [links[0].stats().clone(), links[1].stats().clone()];
+        let [l0, l1] = links;
+        Pair {
+            attach,
+            cards: [
+                Card::start(attach, "blue0", l0),
+                Card::start(attach, "blue1", l1),
+            ],
+            links: stats,
+        }
+    }
+
+    fn in_memory(attach: Attach) -> Pair {
         let hub = MemHub::new();
-        Pair::new([
-            Box::new(hub.attach(IP0).unwrap()),
-            Box::new(hub.attach(IP1).unwrap()),
-        ])
+        Pair::new(
+            attach,
+            [
+                Box::new(hub.attach(IP0).unwrap()),
+                Box::new(hub.attach(IP1).unwrap()),
+            ],
+        )
+    }
+
+    /// Two served cards joined as the simulator's two-card bench joins them: card 0
+    /// listens (on an OS-chosen port), card 1 connects, frames are base64 lines.
+    fn two_card_link() -> Pair {
+        let listener = TwoCardLink::listen(0).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connector = TwoCardLink::connect(port, &TWO_CARD_RETRY).unwrap();
+        assert!(
+            listener.wait_connected(Duration::from_secs(5)),
+            "the two-card link came up"
+        );
+        Pair::new(Attach::Rtl, [Box::new(listener), Box::new(connector)])
+    }
+
+    fn quiet(&self) -> Duration {
+        self.attach.quiet()
     }
 
     /// Opens both sides, configures addresses and connects QPN0 <-> QPN1.
     fn open(&self, qp1_access: AccessFlags) -> (Side<'_>, Side<'_>) {
-        let mut d0 = RawDriver::open(self.cards[0].regs.clone(), &self.cards[0].dma).unwrap();
-        let mut d1 = RawDriver::open(self.cards[1].regs.clone(), &self.cards[1].dma).unwrap();
+        let mut d0 = RawDriver::open(self.cards[0].regs(), self.cards[0].dma()).unwrap();
+        let mut d1 = RawDriver::open(self.cards[1].regs(), self.cards[1].dma()).unwrap();
         d0.configure(MAC0, IP0).unwrap();
         d1.configure(MAC1, IP1).unwrap();
         let (q0, q1) = (Qpn::from_raw(QPN0), Qpn::from_raw(QPN1));
@@ -83,13 +215,13 @@ fn buffer(len: usize, fill: impl Fn(usize) -> u8) -> Vec<u8> {
 
 fn register(
     side: &mut Side<'_>,
-    card: &InProcessCard,
+    card: &Card,
     buf: &[u8],
     key: MrKey,
     access: AccessFlags,
     pgt: u32,
 ) {
-    let mut mem = bluerdma_sim::mem::HostMemory::new(card.map.clone());
+    let mut mem = HostMemory::new(card.map().clone());
     side.drv
         .register_mr(
             &mut mem,
@@ -152,12 +284,9 @@ fn packets(reports: &[MetaReport]) -> Vec<(RdmaOpcode, u32)> {
         .collect()
 }
 
-const QUIET: Duration = Duration::from_millis(30);
 const MAX: Duration = Duration::from_secs(3);
 
-#[test]
-fn write_lands_in_the_peers_memory_with_the_reports_the_contract_describes() {
-    let pair = Pair::in_memory();
+fn write_lands_in_the_peers_memory_with_the_reports_the_contract_describes(pair: &Pair) {
     let (mut s0, mut s1) = pair.open(ALL);
     let len = 64 * 1024 + 100;
     let src = buffer(len, |i| (i * 7 + 3) as u8);
@@ -178,7 +307,7 @@ fn write_lands_in_the_peers_memory_with_the_reports_the_contract_describes() {
             0x10,
         )])
         .unwrap();
-    let reports = s1.drv.collect_meta(QUIET, MAX);
+    let reports = s1.drv.collect_meta(pair.quiet(), MAX);
     assert_eq!(&dst[100..100 + len], &src[..], "payload arrived intact");
     assert!(
         dst[..100].iter().all(|b| *b == 0),
@@ -216,14 +345,21 @@ fn write_lands_in_the_peers_memory_with_the_reports_the_contract_describes() {
         );
     }
     assert_eq!(ack.qpn.get(), QPN1);
-    let stats = pair.cards[1].nic.stats().snapshot();
+    let stats = pair.cards[1].nic().stats().snapshot();
     assert_eq!(stats.rx_payload_bytes, len as u64, "{stats}");
     assert_eq!(stats.naks_sent, 0);
+    if let Card::Rtl { driver, .. } = &pair.cards[1] {
+        // Every payload byte crossed the DMA socket as 32-byte beats.
+        let beats = driver.dma_client.stats();
+        assert!(
+            beats.bytes_written >= len as u64 && beats.write_beats >= (len / 32) as u64,
+            "{beats:?}"
+        );
+        assert_eq!(beats.faults, 0, "{beats:?}");
+    }
 }
 
-#[test]
-fn rkey_violation_writes_nothing_and_bumps_the_right_counter() {
-    let pair = Pair::in_memory();
+fn rkey_violation_writes_nothing_and_bumps_the_right_counter(pair: &Pair) {
     let (mut s0, mut s1) = pair.open(ALL);
     let src = buffer(8192, |i| i as u8 | 1);
     let dst = vec![0u8; 8192];
@@ -243,13 +379,13 @@ fn rkey_violation_writes_nothing_and_bumps_the_right_counter() {
             0,
         )])
         .unwrap();
-    let reports = s1.drv.collect_meta(QUIET, MAX);
+    let reports = s1.drv.collect_meta(pair.quiet(), MAX);
     assert!(
         reports.is_empty(),
         "no report for a dropped packet: {reports:?}"
     );
     assert!(dst.iter().all(|b| *b == 0), "not one byte written");
-    let regs = pair.cards[1].nic.regs();
+    let regs = pair.cards[1].nic().regs();
     let n = (raddr + 8191) / 4096 - raddr / 4096 + 1;
     assert_eq!(
         regs.counter(Counter::InvalidMrKey) as u64,
@@ -270,7 +406,7 @@ fn rkey_violation_writes_nothing_and_bumps_the_right_counter() {
             2,
         )])
         .unwrap();
-    let reports = s1.drv.collect_meta(QUIET, MAX);
+    let reports = s1.drv.collect_meta(pair.quiet(), MAX);
     assert!(packets(&reports)
         .iter()
         .all(|(op, _)| *op != RdmaOpcode::WriteLast));
@@ -278,9 +414,7 @@ fn rkey_violation_writes_nothing_and_bumps_the_right_counter() {
     assert_eq!(dst[8191], 0, "the last byte of the MR is untouched");
 }
 
-#[test]
-fn qp_without_remote_write_refuses_writes() {
-    let pair = Pair::in_memory();
+fn qp_without_remote_write_refuses_writes(pair: &Pair) {
     let (mut s0, mut s1) = pair.open(AccessFlags::LOCAL_WRITE);
     let src = buffer(100, |_| 9);
     let dst = vec![0u8; 100];
@@ -298,17 +432,15 @@ fn qp_without_remote_write_refuses_writes() {
             0,
         )])
         .unwrap();
-    s1.drv.collect_meta(QUIET, MAX);
+    s1.drv.collect_meta(pair.quiet(), MAX);
     assert_eq!(
-        pair.cards[1].nic.regs().counter(Counter::InvalidQpAccess),
+        pair.cards[1].nic().regs().counter(Counter::InvalidQpAccess),
         1
     );
     assert!(dst.iter().all(|b| *b == 0));
 }
 
-#[test]
-fn read_request_is_reported_with_its_extension_descriptor() {
-    let pair = Pair::in_memory();
+fn read_request_is_reported_with_its_extension_descriptor(pair: &Pair) {
     let (mut s0, mut s1) = pair.open(ALL);
     let sink = vec![0u8; 4096];
     let lkey = MrKey::new(1, 0x11).unwrap();
@@ -318,7 +450,7 @@ fn read_request_is_reported_with_its_extension_descriptor() {
     let mut req = write_req(WorkReqOpcode::Read, &sink, lkey, raddr, rkey, 4096, 0x42);
     req.seg1.len = 4096;
     s0.drv.post_send(&[req]).unwrap();
-    let reports = s1.drv.collect_meta(QUIET, MAX);
+    let reports = s1.drv.collect_meta(pair.quiet(), MAX);
     let (info, ext) = reports
         .iter()
         .find_map(|r| match r {
@@ -339,9 +471,7 @@ fn read_request_is_reported_with_its_extension_descriptor() {
     assert_eq!(ext.total_len, 4096);
 }
 
-#[test]
-fn psn_gap_produces_the_nak_packet_and_the_local_report() {
-    let pair = Pair::in_memory();
+fn psn_gap_produces_the_nak_packet_and_the_local_report(pair: &Pair) {
     let (mut s0, mut s1) = pair.open(ALL);
     let src = buffer(4096, |i| i as u8);
     let dst = vec![0u8; 4096];
@@ -356,7 +486,7 @@ fn psn_gap_produces_the_nak_packet_and_the_local_report() {
             write_req(WorkReqOpcode::Write, &src, lkey, raddr, rkey, 64, 200),
         ])
         .unwrap();
-    let local = s1.drv.collect_meta(QUIET, MAX);
+    let local = s1.drv.collect_meta(pair.quiet(), MAX);
     let (nak, extra) = local
         .iter()
         .find_map(|r| match r {
@@ -374,7 +504,7 @@ fn psn_gap_produces_the_nak_packet_and_the_local_report() {
     assert_eq!(nak.msn, 0, "first NAK of this QP");
     assert_ne!(extra.pre_bitmap, 0);
     // The NAK packet went to the requester, whose card reports it (NakRemoteHw).
-    let remote = s0.drv.collect_meta(QUIET, MAX);
+    let remote = s0.drv.collect_meta(pair.quiet(), MAX);
     let (rnak, _) = remote
         .iter()
         .find_map(|r| match r {
@@ -389,21 +519,17 @@ fn psn_gap_produces_the_nak_packet_and_the_local_report() {
         "addressed to the peer QP from the QP context"
     );
     assert_eq!(rnak.psn_now, nak.psn_now);
-    assert_eq!(pair.cards[1].nic.stats().snapshot().naks_sent, 1);
+    assert_eq!(pair.cards[1].nic().stats().snapshot().naks_sent, 1);
 }
 
-#[test]
-fn undecoded_register_access_is_rejected_loudly() {
-    let pair = Pair::in_memory();
-    let regs = pair.cards[0].nic.regs();
+fn undecoded_register_access_is_rejected_loudly(pair: &Pair) {
+    let regs = pair.cards[0].nic().regs();
     assert!(regs.write(0x180, 1).is_err());
     assert!(regs.read(0x040).is_err());
     assert_eq!(regs.undecoded().0, 2);
 }
 
-#[test]
-fn unknown_command_gets_no_response_and_is_counted() {
-    let pair = Pair::in_memory();
+fn unknown_command_gets_no_response_and_is_counted(pair: &Pair) {
     let (mut s0, _s1) = pair.open(ALL);
     let mut d = bluerdma_core::desc::RawDesc::ZERO;
     d.0[30] = 5; // UpdateErrorPsnRecoverPoint: declared, never answered
@@ -411,5 +537,173 @@ fn unknown_command_gets_no_response_and_is_counted() {
     s0.drv.push_command(&d).unwrap();
     // The next good command still completes: the card skipped the unknown one.
     s0.drv.configure(MAC0, IP0).unwrap();
-    assert_eq!(pair.cards[0].nic.stats().snapshot().command_errors, 1);
+    assert_eq!(pair.cards[0].nic().stats().snapshot().command_errors, 1);
+}
+
+/// Runs each named test body once per attach path, on two cards joined by a memory hub:
+/// `in_process::<name>` and `rtl_protocol::<name>`.
+macro_rules! on_both_attaches {
+    ($($body:ident),* $(,)?) => {
+        mod in_process {
+            $(
+                #[test]
+                fn $body() {
+                    super::$body(&super::Pair::in_memory(super::Attach::InProcess));
+                }
+            )*
+        }
+        mod rtl_protocol {
+            $(
+                #[test]
+                fn $body() {
+                    super::$body(&super::Pair::in_memory(super::Attach::Rtl));
+                }
+            )*
+        }
+    };
+}
+
+on_both_attaches!(
+    write_lands_in_the_peers_memory_with_the_reports_the_contract_describes,
+    rkey_violation_writes_nothing_and_bumps_the_right_counter,
+    qp_without_remote_write_refuses_writes,
+    read_request_is_reported_with_its_extension_descriptor,
+    psn_gap_produces_the_nak_packet_and_the_local_report,
+    undecoded_register_access_is_rejected_loudly,
+    unknown_command_gets_no_response_and_is_counted,
+);
+
+#[test]
+fn served_cards_carry_a_write_and_a_nak_over_the_simulators_two_card_link() {
+    let pair = Pair::two_card_link();
+    write_lands_in_the_peers_memory_with_the_reports_the_contract_describes(&pair);
+    let [sent, received] = [pair.links[0].snapshot(), pair.links[1].snapshot()];
+    assert!(sent.frames_sent >= 17, "the WRITE's packets: {sent:?}");
+    assert_eq!(
+        received.frames_received, sent.frames_sent,
+        "every base64 line arrived"
+    );
+    assert_eq!(
+        sent.frames_unroutable, 0,
+        "none sent before the link was up"
+    );
+    drop(pair);
+
+    // The NAK travels back from card 1 to card 0: both directions of the link.
+    let pair = Pair::two_card_link();
+    psn_gap_produces_the_nak_packet_and_the_local_report(&pair);
+    let [s0, s1] = [pair.links[0].snapshot(), pair.links[1].snapshot()];
+    assert_eq!(s1.frames_sent, 1, "card 1 sent the NAK and nothing else");
+    assert_eq!(s0.frames_received, 1);
+    assert_eq!(s1.frames_received, s0.frames_sent);
+}
+
+/// The `bluerdma-sim serve` command: a driver attached over the simulator's sockets writes
+/// through the loopback bench's link into its own memory, and SIGTERM stops the card
+/// cleanly.
+#[test]
+fn serve_command_runs_a_card_a_simulator_driver_can_use() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::{Child, Command, Stdio};
+
+    /// Kills the server if the test fails before it is stopped.
+    struct Server(Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    let mut server = Server(
+        Command::new(env!("CARGO_BIN_EXE_bluerdma-sim"))
+            .args([
+                "serve",
+                "--csr-port",
+                "0",
+                "--dma-port",
+                "0",
+                "--log",
+                "warn",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = BufReader::new(server.0.stdout.take().unwrap());
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).unwrap();
+    let port = |label: &str| -> u16 {
+        let at = ready
+            .find(label)
+            .unwrap_or_else(|| panic!("{label} in {ready:?}"));
+        let digits: String = ready[at + label.len()..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    let ports = ServePorts {
+        csr: port("CSR 127.0.0.1:"),
+        dma: port("DMA 127.0.0.1:"),
+    };
+    {
+        let driver = RtlAttach::connect(ports).unwrap();
+        let mut drv = RawDriver::open(Regs::Rtl(&driver.regs), &driver.dma).unwrap();
+        drv.configure(MAC0, IP0).unwrap();
+        let q0 = Qpn::from_raw(QPN0);
+        drv.manage_qp(true, q0, q0, IP0, MAC0, ALL, Pmtu::Mtu4096)
+            .unwrap();
+        let src = buffer(5000, |i| (i * 13) as u8);
+        let dst = vec![0u8; 5000];
+        let (lkey, rkey) = (MrKey::new(1, 0x11).unwrap(), MrKey::new(2, 0x22).unwrap());
+        for (buf, key, pgt) in [(&src, lkey, 0), (&dst, rkey, 1)] {
+            let mut mem = HostMemory::new(driver.map.clone());
+            drv.register_mr(
+                &mut mem,
+                key,
+                VirtAddr(buf.as_ptr() as u64),
+                buf.len(),
+                ALL,
+                pgt,
+                PageSize::Size2M,
+                1,
+            )
+            .unwrap();
+        }
+        let mut req = write_req(
+            WorkReqOpcode::Write,
+            &src,
+            lkey,
+            dst.as_ptr() as u64,
+            rkey,
+            5000,
+            0,
+        );
+        req.seg0.dqpn = q0;
+        req.seg0.dqp_ip = IP0;
+        req.seg1.mac = MAC0;
+        drv.post_send(&[req]).unwrap();
+        let reports = drv.collect_meta(Attach::Rtl.quiet(), MAX);
+        assert_eq!(dst, src, "the WRITE came back through the loopback link");
+        // One packet per 4 KiB page of the destination touched.
+        let raddr = dst.as_ptr() as u64;
+        let last_psn = ((raddr + 4999) / 4096 - raddr / 4096) as u32;
+        assert!(
+            packets(&reports).contains(&(RdmaOpcode::WriteLast, last_psn)),
+            "{reports:?}"
+        );
+    }
+    // SAFETY: kill(2) on our own child's pid has no memory effects.
+    let sent = unsafe { libc::kill(server.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(sent, 0, "SIGTERM delivered");
+    let status = server.0.wait().unwrap();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{status}: {rest}");
+    // configure (2), ManageQp, and UpdatePgt + UpdateMrTable per MR (4).
+    assert!(
+        rest.contains(" commands=7 ") && rest.contains(" rx_payload_bytes=5000 "),
+        "final counters: {rest}"
+    );
 }

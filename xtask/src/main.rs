@@ -2,7 +2,11 @@
 //!
 //! - `cargo xtask ci`: every check (fmt, clippy, tests, loom, the no_std firmware-target
 //!   build), one summary table, non-zero exit on any failure.
-//! - `cargo xtask sim`: the driver on two emulated NICs (arrives with issues B and C).
+//! - `cargo xtask sim`: two emulated NICs in one process and the scenarios run against
+//!   them (`platform-sim/src/scenarios.rs`, run through the `sim` example of bluerdma-sim so
+//!   that xtask itself stays free of dependencies).
+
+mod firmware;
 
 use std::env;
 use std::io::{BufRead, BufReader, Write};
@@ -18,7 +22,8 @@ fn main() -> ExitCode {
     let root = project_root();
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(&root, &args[1..]),
-        Some("sim") => sim(),
+        Some("sim") => sim(&root, &args[1..]),
+        Some("doctor") => doctor(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -43,7 +48,13 @@ fn print_help() {
          ci [--quick]   fmt, clippy, all tests, loom model, no_std build for {RISCV_TARGET};\n                 \
          prints a summary table and exits non-zero on any failure\n                 \
          (--quick skips the loom model and the firmware-target build)\n  \
-         sim            run the driver on two emulated NICs (not yet available: issues B and C)"
+         sim [options]  two emulated NICs (blue0 = 127.0.0.1, blue1 = 127.0.0.2) on the UDP\n                 \
+         link and the scenarios run against them; a summary table, non-zero exit on\n                 \
+         any mismatch: first the card through raw rings, then the driver engine through\n                 \
+         the verbs API (--faults SPEC, --pcap FILE, --seed N, --port N, --only TEXT,\n                 \
+         --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details)\n  \
+         doctor [opts]  checks this machine for the real card and prints the fix for each\n                 \
+         problem (`cargo xtask doctor --help`)"
     );
 }
 
@@ -56,12 +67,109 @@ fn project_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-fn sim() -> Result<(), String> {
-    Err(
-        "`cargo xtask sim` needs the driver engine (issue C) on top of the emulated NIC \
-         (issue B); it is not available yet"
-            .into(),
-    )
+/// Builds and runs both halves of the emulated-NIC scenarios in release mode: the card's
+/// raw-ring scenarios (the `sim` example of bluerdma-sim) and the driver engine's verbs
+/// scenarios, soak and measurements (the `sim` example of bluerdma-linux). Options go to
+/// the half that knows them: `--soak SECS` and `--no-perf` to the verbs half, `--pcap`,
+/// `--only` and `--list` to the raw half, `--faults`, `--seed` and `--port` to both (the
+/// verbs half uses the next port).
+fn sim(root: &Path, args: &[String]) -> Result<(), String> {
+    let mut raw: Vec<String> = Vec::new();
+    let mut verbs: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let value = it.clone().next().cloned();
+        match a.as_str() {
+            "--soak" => {
+                verbs.push(a.clone());
+                verbs.extend(it.next().cloned());
+            }
+            "--no-perf" => verbs.push(a.clone()),
+            "--faults" | "--seed" => {
+                let v = it.next().cloned().unwrap_or_default();
+                raw.extend([a.clone(), v.clone()]);
+                verbs.extend([a.clone(), v]);
+            }
+            "--port" => {
+                let v = it.next().cloned().unwrap_or_default();
+                let next = v
+                    .parse::<u16>()
+                    .map(|p| p.wrapping_add(1).to_string())
+                    .unwrap_or(v.clone());
+                raw.extend([a.clone(), v]);
+                verbs.extend([a.clone(), next]);
+            }
+            "--help" | "-h" | "--list" => {
+                raw.push(a.clone());
+                verbs.clear();
+                verbs.push("--help".into());
+            }
+            _ => {
+                raw.push(a.clone());
+                if let Some(v) = value.filter(|v| !v.starts_with("--")) {
+                    if matches!(a.as_str(), "--pcap" | "--only") {
+                        raw.push(v);
+                        it.next();
+                    }
+                }
+            }
+        }
+    }
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let run = |pkg: &str, args: &[String]| -> Result<bool, String> {
+        let status = Command::new(&cargo)
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                pkg,
+                "--example",
+                "sim",
+                "--",
+            ])
+            .args(args)
+            .current_dir(root)
+            .status()
+            .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
+        Ok(status.success())
+    };
+    println!("== sim: the emulated card through raw rings (platform-sim)");
+    let raw_ok = run("bluerdma-sim", &raw)?;
+    println!();
+    println!("== sim: the driver engine through the verbs API (platform-linux)");
+    let verbs_ok = run("bluerdma-linux", &verbs)?;
+    match (raw_ok, verbs_ok) {
+        (true, true) => Ok(()),
+        (false, true) => Err("sim: raw-ring scenarios failed".into()),
+        (true, false) => Err("sim: verbs scenarios failed".into()),
+        (false, false) => Err("sim: raw-ring and verbs scenarios failed".into()),
+    }
+}
+
+/// Checks this machine for the real card (privileges, hugepages, pagemap, u-dma-buf, the
+/// PCI device and its BAR) and prints the command that fixes each failure.
+fn doctor(root: &Path, args: &[String]) -> Result<(), String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(&cargo)
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "bluerdma-linux",
+            "--bin",
+            "bluerdma-doctor",
+            "--",
+        ])
+        .args(args)
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err("doctor found problems (see above)".into())
+    }
 }
 
 /// One row of the summary table.
@@ -104,6 +212,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
              cargo test -p bluerdma-core --test ring_loom --release --locked",
         ));
         rows.push(no_std_build(root, &logs));
+        rows.extend(firmware::firmware_checks(root, &logs));
     }
 
     print_table(&rows);

@@ -101,6 +101,8 @@ mod qp {
     pub const QP_TYPE: BitField = BitField::new(92, 4);
     pub const RQ_ACCESS_FLAGS: BitField = BitField::new(96, 8);
     pub const PEER_QPN: BitField = BitField::new(104, 24);
+    /// Reserved in the RTL; this project's extension for the emulated NIC's strict mode.
+    pub const PD: BitField = BitField::new(128, 32);
     pub const QPN: BitField = BitField::new(160, 24);
     pub const IS_ERROR: u32 = 190;
     pub const IS_VALID: u32 = 191;
@@ -162,6 +164,11 @@ pub struct ManageQp {
     pub is_valid: bool,
     /// Ignored by the RTL (correction 6).
     pub is_error: bool,
+    /// The QP's protection domain, in bits 128..159 (reserved and ignored by the RTL, which
+    /// does not enforce protection domains: correction 10). This project's extension, as the
+    /// drivers put the PD in UpdateMrTable's reserved bits: the emulated NIC's strict mode
+    /// checks that a packet's QP and MR share a PD.
+    pub pd: u32,
     /// The local QP.
     pub qpn: Qpn,
     /// The remote QP.
@@ -381,6 +388,7 @@ impl ManageQp {
         d.set(qp::QP_TYPE, self.qp_type.to_ibv().into());
         d.set(qp::RQ_ACCESS_FLAGS, self.rq_access_flags.bits().into());
         d.set(qp::PEER_QPN, self.peer_qpn.get().into());
+        d.set(qp::PD, self.pd.into());
         d.set(qp::QPN, self.qpn.get().into());
         d.set_bit(qp::IS_ERROR, self.is_error);
         d.set_bit(qp::IS_VALID, self.is_valid);
@@ -399,6 +407,7 @@ impl ManageQp {
         Ok(ManageQp {
             is_valid: d.bit(qp::IS_VALID),
             is_error: d.bit(qp::IS_ERROR),
+            pd: d.get(qp::PD) as u32,
             qpn: Qpn::from_raw(d.get(qp::QPN) as u32),
             peer_qpn: Qpn::from_raw(d.get(qp::PEER_QPN) as u32),
             rq_access_flags: AccessFlags::from_bits_retain(d.get(qp::RQ_ACCESS_FLAGS) as u8),

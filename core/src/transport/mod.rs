@@ -13,7 +13,7 @@ pub mod fragmenter;
 pub mod msn;
 pub mod psn;
 
-pub use bitmap::PsnBitmap;
-pub use fragmenter::{Chunk, Fragmenter, PacketFragmenter, WrSpan};
+pub use bitmap::{card_bitmap_base, PsnBitmap};
+pub use fragmenter::{num_packets, Chunk, FragmentError, Fragmenter, PacketFragmenter, WrSpan};
 pub use msn::Msn;
 pub use psn::{Psn, PsnRange};

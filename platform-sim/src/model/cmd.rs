@@ -70,6 +70,9 @@ pub fn execute(
             ctx.peer_mac = c.peer_mac.to_bits();
             ctx.peer_ip = u32::from(c.peer_ip);
             ctx.local_udp_port = c.local_udp_port;
+            if let Some(pd) = state.qp_pd.get_mut(index as usize) {
+                *pd = c.pd;
+            }
             // Every ManageQp resets the QP's ACK tracking (correction 5).
             state.reset_window(index);
             response = CmdResponse::echo(request);

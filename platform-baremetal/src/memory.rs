@@ -1,0 +1,101 @@
+//! User memory on the soft-core: physical, never swapped or moved, so pinning only checks
+//! that the range lies in memory the card may reach, and translation is the identity.
+
+use core::ops::Range;
+
+use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
+use bluerdma_core::platform::{MemoryResolver, PlatformError};
+
+/// Identity translation over a window of physical memory the card may reach.
+#[derive(Clone, Debug)]
+pub struct IdentityMemory {
+    window: Range<u64>,
+}
+
+impl IdentityMemory {
+    /// Memory regions must lie inside `window` (e.g. the RAM the FPGA design maps for the
+    /// card); anything else is refused at registration with [`PlatformError::NotMapped`].
+    pub const fn new(window: Range<u64>) -> Self {
+        Self { window }
+    }
+}
+
+impl MemoryResolver for IdentityMemory {
+    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError> {
+        if va.0 < self.window.start {
+            return Err(PlatformError::NotMapped { va });
+        }
+        match va.0.checked_add(len as u64) {
+            Some(end) if end <= self.window.end => Ok(()),
+            _ => Err(PlatformError::NotMapped {
+                va: VirtAddr(self.window.end.max(va.0)),
+            }),
+        }
+    }
+
+    fn unpin(&mut self, _va: VirtAddr, _len: usize) {}
+
+    fn translate(
+        &mut self,
+        va: VirtAddr,
+        page: PageSize,
+        out: &mut [DeviceAddr],
+    ) -> Result<(), PlatformError> {
+        let first = page.base_of(va.0);
+        for (i, slot) in out.iter_mut().enumerate() {
+            let addr = (i as u64)
+                .checked_mul(page.bytes())
+                .and_then(|off| first.checked_add(off))
+                .ok_or(PlatformError::NotMapped { va })?;
+            *slot = DeviceAddr(addr);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_translate_to_their_own_bases() {
+        let mut m = IdentityMemory::new(0..u64::MAX);
+        let mut out = [DeviceAddr(0); 3];
+        m.translate(VirtAddr(0x8030_0040), PageSize::Size2M, &mut out)
+            .unwrap();
+        assert_eq!(
+            out,
+            [
+                DeviceAddr(0x8020_0000),
+                DeviceAddr(0x8040_0000),
+                DeviceAddr(0x8060_0000)
+            ]
+        );
+    }
+
+    #[test]
+    fn ranges_outside_the_window_are_refused_with_the_first_bad_address() {
+        let mut m = IdentityMemory::new(0x8000_0000..0x8100_0000);
+        assert!(m.pin(VirtAddr(0x8000_0000), 0x100_0000).is_ok());
+        assert_eq!(
+            m.pin(VirtAddr(0x7FFF_FFFF), 2),
+            Err(PlatformError::NotMapped {
+                va: VirtAddr(0x7FFF_FFFF)
+            })
+        );
+        assert_eq!(
+            m.pin(VirtAddr(0x80FF_FFFF), 2),
+            Err(PlatformError::NotMapped {
+                va: VirtAddr(0x8100_0000)
+            })
+        );
+        assert!(m.pin(VirtAddr(u64::MAX), 2).is_err());
+        let mut top = [DeviceAddr(0); 2];
+        assert!(m
+            .translate(VirtAddr(u64::MAX), PageSize::Size4K, &mut top)
+            .is_err());
+        assert!(m
+            .translate(VirtAddr(u64::MAX), PageSize::Size4K, &mut top[..1])
+            .is_ok());
+    }
+}

@@ -1,0 +1,84 @@
+//! An in-process out-of-band channel: devices in one process exchange receive WRs through
+//! a shared hub, with the same semantics as the TCP channel (records in order per pair of
+//! devices, `from` = the announcing device's IP). For tests and single-process setups.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+
+use bluerdma_core::oob::RecvWr;
+use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
+
+/// The shared hub.
+#[derive(Clone, Default)]
+pub struct OobHub {
+    inboxes: Arc<Mutex<HashMap<Ipv4Addr, VecDeque<OobEvent>>>>,
+}
+
+impl OobHub {
+    /// An empty hub.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The channel endpoint of the device at `ip`.
+    pub fn attach(&self, ip: Ipv4Addr) -> HubOob {
+        if let Ok(mut m) = self.inboxes.lock() {
+            m.entry(ip).or_default();
+        }
+        HubOob {
+            hub: self.clone(),
+            ip,
+        }
+    }
+
+    /// Tells `to` that the device at `lost` is gone (as a broken TCP connection would).
+    pub fn disconnect(&self, lost: Ipv4Addr, to: Ipv4Addr) {
+        if let Ok(mut m) = self.inboxes.lock() {
+            m.entry(to)
+                .or_default()
+                .push_back(OobEvent::PeerLost { peer: lost });
+        }
+    }
+}
+
+/// One device's endpoint on an [`OobHub`].
+pub struct HubOob {
+    hub: OobHub,
+    ip: Ipv4Addr,
+}
+
+impl OobTransport for HubOob {
+    fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError> {
+        let mut m = self
+            .hub
+            .inboxes
+            .lock()
+            .map_err(|_| PlatformError::Disconnected { peer })?;
+        let inbox = m
+            .get_mut(&peer)
+            .ok_or(PlatformError::Disconnected { peer })?;
+        inbox.push_back(OobEvent::RecvWr {
+            from: self.ip,
+            wr: *wr,
+        });
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Option<OobEvent> {
+        self.hub.inboxes.lock().ok()?.get_mut(&self.ip)?.pop_front()
+    }
+}
+
+/// Any out-of-band transport, boxed, so a device can be opened with the TCP channel, the
+/// in-process hub or none.
+pub struct DynOob(pub Box<dyn OobTransport + Send>);
+
+impl OobTransport for DynOob {
+    fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError> {
+        self.0.send(peer, wr)
+    }
+    fn poll(&mut self) -> Option<OobEvent> {
+        self.0.poll()
+    }
+}

@@ -1,0 +1,276 @@
+//! Measurements of the verbs API on two emulated NICs in this process, each next to the
+//! TCP loopback baseline of the same run. Used by the `verbs` bench and by `cargo xtask sim`.
+//!
+//! The waiting loops yield instead of spinning: the emulated cards share the machine's
+//! cores with the measuring threads.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bluerdma_core::addr::VirtAddr;
+use bluerdma_core::desc::AccessFlags;
+use bluerdma_core::engine::{SendOp, SendWr, WorkCompletion};
+use bluerdma_sim::link::{UdpLink, UdpLinkConfig};
+
+use crate::{Context, Cq, DeviceSpec, Mr, Pd, Qp};
+
+const IP0: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+const IP1: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+/// Local write, remote write, remote read.
+pub const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+/// A PD, a CQ and a QP of one device.
+pub struct Side {
+    /// A protection domain.
+    pub pd: Pd,
+    /// The CQ of the QP.
+    pub cq: Cq,
+    /// The QP.
+    pub qp: Qp,
+}
+
+/// Two devices blue0 (127.0.0.1) and blue1 (127.0.0.2) on the UDP link at `port`, with a
+/// connected QP pair.
+pub fn open_udp_pair(port: u16) -> (Context, Context, Side, Side) {
+    let link = |ip| {
+        Box::new(UdpLink::bind(UdpLinkConfig::new(ip).with_port(port)).expect("bind UDP link"))
+    };
+    let a = Context::open_emulated(DeviceSpec::new("blue0", IP0), link(IP0)).expect("open blue0");
+    let b = Context::open_emulated(DeviceSpec::new("blue1", IP1), link(IP1)).expect("open blue1");
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
+    let qa = pa.create_qp(&ca, &ca).unwrap();
+    let qb = pb.create_qp(&cb, &cb).unwrap();
+    qa.connect(qb.endpoint(0), 0, 16, 7).unwrap();
+    qb.connect(qa.endpoint(0), 0, 16, 7).unwrap();
+    (
+        a,
+        b,
+        Side {
+            pd: pa,
+            cq: ca,
+            qp: qa,
+        },
+        Side {
+            pd: pb,
+            cq: cb,
+            qp: qb,
+        },
+    )
+}
+
+/// A WRITE work request between two MRs.
+#[allow(clippy::too_many_arguments)]
+pub fn write(
+    wr_id: u64,
+    src: &Mr,
+    soff: u64,
+    len: u32,
+    dst: &Mr,
+    doff: u64,
+    signaled: bool,
+) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Write,
+        laddr: VirtAddr(src.addr() + soff),
+        len,
+        lkey: src.key(),
+        raddr: VirtAddr(dst.addr() + doff),
+        rkey: dst.key(),
+        signaled,
+        solicited: false,
+    }
+}
+
+/// Waits for `n` successful completions (panics otherwise: a measurement with errors is void).
+pub fn drain(cq: &Cq, n: usize) {
+    let got = cq.wait(n, Duration::from_secs(30)).expect("poll");
+    assert_eq!(got.len(), n, "completions");
+    for w in &got {
+        assert_eq!(w.status, bluerdma_core::engine::WcStatus::Success, "{w:?}");
+    }
+}
+
+/// Work requests posted per second (post_send only).
+pub fn post_rate(a: &Side, b: &Side, seconds: f64) -> f64 {
+    let src = a.pd.alloc_mr(1 << 20, ALL).unwrap();
+    let dst = b.pd.alloc_mr(1 << 20, ALL).unwrap();
+    let batch: Vec<SendWr> = (0..32)
+        .map(|k| write(k, &src, k * 64, 64, &dst, k * 64, k == 31))
+        .collect();
+    let mut posted = 0u64;
+    let mut in_post = Duration::ZERO;
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    while Instant::now() < end {
+        let t = Instant::now();
+        // SAFETY: both MRs outlive every completion (drained below).
+        unsafe { a.qp.post_send(&batch).expect("post") };
+        in_post += t.elapsed();
+        posted += 32;
+        drain(&a.cq, 1);
+    }
+    posted as f64 / in_post.as_secs_f64()
+}
+
+/// WRITE bandwidth in Gbit/s: `len`-byte WRITEs, `depth` in flight.
+pub fn write_bw(a: &Side, b: &Side, len: u32, depth: usize, seconds: f64) -> f64 {
+    let src = a.pd.alloc_mr(len as usize * depth, ALL).unwrap();
+    let dst = b.pd.alloc_mr(len as usize * depth, ALL).unwrap();
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(seconds);
+    let mut bytes = 0u64;
+    let mut k = 0u64;
+    let mut inflight = 0usize;
+    while Instant::now() < end || inflight > 0 {
+        while inflight < depth && Instant::now() < end {
+            let slot = k % depth as u64;
+            let wr = write(
+                k,
+                &src,
+                slot * len as u64,
+                len,
+                &dst,
+                slot * len as u64,
+                true,
+            );
+            // SAFETY: both MRs outlive every completion (drained below).
+            unsafe { a.qp.post_send(&[wr]).expect("post") };
+            k += 1;
+            inflight += 1;
+        }
+        let mut wc = [WorkCompletion::EMPTY; 16];
+        let n = a.cq.poll(&mut wc).unwrap();
+        for w in &wc[..n] {
+            assert_eq!(w.status, bluerdma_core::engine::WcStatus::Success, "{w:?}");
+        }
+        inflight -= n;
+        bytes += n as u64 * len as u64;
+        if n == 0 {
+            thread::yield_now();
+        }
+    }
+    bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// Half round trip of 8 B WRITE ping-pong, in microseconds.
+pub fn write_latency(a: &Side, b: &Side, iters: u32) -> f64 {
+    let buf_a = a.pd.alloc_mr(4096, ALL).unwrap();
+    let buf_b = b.pd.alloc_mr(4096, ALL).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // B echoes: waits for sequence n at offset 0 of its buffer, writes n back to A.
+    let (bq, bcq) = (&b.qp, &b.cq);
+    let (addr_a, addr_b) = (buf_a.addr(), buf_b.addr());
+    let (ra, rb) = (&buf_a, &buf_b);
+    let t = thread::scope(|s| {
+        let stop2 = Arc::clone(&stop);
+        let echo = s.spawn(move || {
+            let mut want = 1u64;
+            while !stop2.load(Ordering::Relaxed) {
+                // SAFETY: buf_b is registered, 4096 bytes, alive for the scope; the card writes
+                // the 8 bytes we read (a volatile read sees them).
+                let got = unsafe { std::ptr::read_volatile(addr_b as *const u64) };
+                if got == want {
+                    // SAFETY: buf_b outlives the completion polled below.
+                    unsafe { std::ptr::write_volatile((addr_b + 8) as *mut u64, want) };
+                    let wr = write(want, rb, 8, 8, ra, 0, true);
+                    // SAFETY: both MRs outlive the completion.
+                    unsafe { bq.post_send(&[wr]).expect("echo") };
+                    drain(bcq, 1);
+                    want += 1;
+                } else {
+                    // Yield: the emulated cards share these two cores with us.
+                    thread::yield_now();
+                }
+            }
+        });
+        let start = Instant::now();
+        for n in 1..=iters as u64 {
+            // SAFETY: buf_a is registered and alive; see above.
+            unsafe { std::ptr::write_volatile((addr_a + 8) as *mut u64, n) };
+            let wr = write(n, &buf_a, 8, 8, &buf_b, 0, true);
+            // SAFETY: both MRs outlive the completion.
+            unsafe { a.qp.post_send(&[wr]).expect("ping") };
+            // SAFETY: as above.
+            while unsafe { std::ptr::read_volatile(addr_a as *const u64) } != n {
+                thread::yield_now();
+            }
+            drain(&a.cq, 1);
+        }
+        let t = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        echo.join().unwrap();
+        t
+    });
+    t.as_secs_f64() * 1e6 / iters as f64 / 2.0
+}
+
+/// A TCP loopback stream in Gbit/s (the baseline).
+pub fn tcp_stream_gbps(seconds: f64) -> f64 {
+    let listener = TcpListener::bind((IP0, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reader = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return total,
+                Ok(n) => total += n as u64,
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let buf = vec![7u8; 1 << 20];
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        s.write_all(&buf).unwrap();
+    }
+    drop(s);
+    let total = reader.join().unwrap();
+    total as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// TCP ping-pong of 8 B over loopback, half round trip in microseconds (the baseline).
+pub fn tcp_pingpong_us(iters: u32) -> f64 {
+    let listener = TcpListener::bind((IP0, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let echo = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut b = [0u8; 8];
+        while s.read_exact(&mut b).is_ok() {
+            if s.write_all(&b).is_err() {
+                break;
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut b = [0u8; 8];
+    let start = Instant::now();
+    for n in 0..iters as u64 {
+        s.write_all(&n.to_le_bytes()).unwrap();
+        s.read_exact(&mut b).unwrap();
+    }
+    let t = start.elapsed();
+    drop(s);
+    let _ = echo.join();
+    t.as_secs_f64() * 1e6 / iters as f64 / 2.0
+}
+
+/// CPU time of this process (user + system) in seconds, from /proc/self/stat.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name.
+    (ticks(11) + ticks(12)) / 100.0
+}

@@ -1,0 +1,735 @@
+//! The thread-safe verbs API around the core engine.
+//!
+//! One [`Context`] per opened device holds the engine behind a mutex and runs one progress
+//! thread that polls the card: it spins while there is work and backs off to short sleeps
+//! when there is none, so an idle device costs next to no CPU. Verbs called from any
+//! thread (post, poll) also drive progress themselves, so an application that polls its
+//! CQ sees completions without waiting for the progress thread.
+//!
+//! Objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]) are `Send + Sync` handles; dropping one releases
+//! it in the card (an MR is invalidated before its key is reused, a QP is destroyed in the
+//! card before its index is). Posting a raw address is `unsafe` with a written contract:
+//! the buffer belongs to the work request until its completion is polled.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use bluerdma_core::addr::{PageSize, VirtAddr};
+use bluerdma_core::desc::{AccessFlags, MacAddr};
+use bluerdma_core::engine::{
+    Device, DeviceConfig, EngineStats, QpSlot, RecvWr, SendWr, VerbsError, WorkCompletion,
+};
+use bluerdma_core::keys::{MrKey, Qpn};
+use bluerdma_core::platform::{OobTransport, Platform};
+use bluerdma_core::qp::{Gid, QpAttrMask, QpState, QpType, RawQpAttr};
+use bluerdma_core::time::Instant;
+use bluerdma_sim::inproc::{InProcessCard, SimRegs};
+use bluerdma_sim::link::LinkPort;
+use bluerdma_sim::mem::{HostDma, HostMemory};
+use bluerdma_sim::model::NicConfig;
+
+use crate::oob_hub::DynOob;
+use crate::storage::{Capacity, HeapStorage};
+
+/// The platform of an emulated card in this process.
+pub struct EmulatedPlatform;
+
+impl Platform for EmulatedPlatform {
+    type Regs = SimRegs;
+    type Dma = HostDma;
+    type Mem = HostMemory;
+    type Oob = DynOob;
+}
+
+/// A verbs error with the operation that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Error {
+    /// The verb.
+    pub op: &'static str,
+    /// Why it failed.
+    pub kind: VerbsError,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.op, self.kind)
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn err(op: &'static str) -> impl Fn(VerbsError) -> Error {
+    move |kind| Error { op, kind }
+}
+
+/// What describes one device.
+#[derive(Clone, Debug)]
+pub struct DeviceSpec {
+    /// Name (e.g. `blue0`).
+    pub name: String,
+    /// The card's IPv4 address.
+    pub ip: Ipv4Addr,
+    /// The card's MAC.
+    pub mac: MacAddr,
+    /// Object capacities.
+    pub capacity: Capacity,
+    /// Translation page size (must match the card).
+    pub page_size: PageSize,
+    /// Emulated card only: add the protection-domain check the real card lacks
+    /// (hardware-contract.md correction 10).
+    pub strict_pd: bool,
+}
+
+impl DeviceSpec {
+    /// A device at `ip` with a MAC derived from it (02:00:<ip>).
+    pub fn new(name: &str, ip: Ipv4Addr) -> Self {
+        let o = ip.octets();
+        Self {
+            name: name.into(),
+            ip,
+            mac: MacAddr([0x02, 0x00, o[0], o[1], o[2], o[3]]),
+            capacity: Capacity::default(),
+            page_size: PageSize::Size2M,
+            strict_pd: false,
+        }
+    }
+}
+
+type Engine = Device<EmulatedPlatform, HeapStorage>;
+
+struct Inner {
+    dev: Mutex<Engine>,
+    epoch: std::time::Instant,
+    stop: AtomicBool,
+    /// Wakes the progress thread when new work is posted.
+    kick: (Mutex<bool>, Condvar),
+    spec: DeviceSpec,
+    card: Mutex<Option<InProcessCard>>,
+}
+
+impl Inner {
+    fn now(&self) -> Instant {
+        Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.dev.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn clock(&self) -> impl FnMut() -> Instant + '_ {
+        move || self.now()
+    }
+
+    fn kick(&self) {
+        let (lock, cv) = &self.kick;
+        if let Ok(mut k) = lock.lock() {
+            *k = true;
+            cv.notify_one();
+        }
+    }
+}
+
+/// An opened device: the engine, its emulated card and the progress thread.
+pub struct Context {
+    inner: Arc<Inner>,
+    progress: Option<JoinHandle<()>>,
+}
+
+impl Context {
+    /// Starts an emulated card on `link` and opens the driver on it, with no out-of-band
+    /// channel (SEND is refused; see [`Context::open_emulated_with_oob`]).
+    pub fn open_emulated(spec: DeviceSpec, link: Box<dyn LinkPort>) -> Result<Context, Error> {
+        Self::open_emulated_with_oob(spec, link, None)
+    }
+
+    /// Starts an emulated card on `link` and opens the driver on it, announcing receive WRs
+    /// over `oob` (the TCP channel of issue D, or an in-process hub).
+    pub fn open_emulated_with_oob(
+        spec: DeviceSpec,
+        link: Box<dyn LinkPort>,
+        oob: Option<Box<dyn OobTransport + Send>>,
+    ) -> Result<Context, Error> {
+        let card = InProcessCard::start(
+            NicConfig {
+                name: spec.name.clone(),
+                page_size: spec.page_size,
+                strict: spec.strict_pd,
+                ..NicConfig::default()
+            },
+            link,
+        )
+        .map_err(|_| Error {
+            op: "open",
+            kind: VerbsError::Unsupported {
+                what: "emulated card could not start",
+            },
+        })?;
+        let mut cfg = DeviceConfig::new(spec.mac, spec.ip);
+        cfg.page_size = spec.page_size;
+        let epoch = std::time::Instant::now();
+        let mut clock = || Instant(epoch.elapsed().as_nanos() as u64);
+        let dev = Device::open(
+            card.regs.clone(),
+            HostDma::new(card.map.clone()),
+            HostMemory::new(card.map.clone()),
+            HeapStorage::new(spec.capacity),
+            cfg,
+            &mut clock,
+        )
+        .map_err(err("open"))?;
+        let mut dev = dev;
+        if let Some(oob) = oob {
+            dev.attach_oob(DynOob(oob));
+        }
+        let inner = Arc::new(Inner {
+            dev: Mutex::new(dev),
+            epoch,
+            stop: AtomicBool::new(false),
+            kick: (Mutex::new(false), Condvar::new()),
+            spec,
+            card: Mutex::new(Some(card)),
+        });
+        let thread_inner = Arc::clone(&inner);
+        let progress = thread::Builder::new()
+            .name(format!("{}-progress", inner.spec.name))
+            .spawn(move || progress_loop(&thread_inner))
+            .map_err(|_| Error {
+                op: "open",
+                kind: VerbsError::OutOfResources { what: "threads" },
+            })?;
+        Ok(Context {
+            inner,
+            progress: Some(progress),
+        })
+    }
+
+    /// The device's spec.
+    pub fn spec(&self) -> &DeviceSpec {
+        &self.inner.spec
+    }
+
+    /// Engine counters.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.lock().stats()
+    }
+
+    /// The emulated card's counters, as text (for state dumps).
+    pub fn card_stats(&self) -> String {
+        let card = self.inner.card.lock().unwrap_or_else(|e| e.into_inner());
+        card.as_ref()
+            .map(|c| {
+                let mut s = c.nic.stats().snapshot().to_string();
+                for counter in bluerdma_core::regs::Counter::ALL {
+                    let v = c.nic.regs().counter(counter);
+                    if v != 0 {
+                        s.push_str(&format!(" {counter:?}={v}"));
+                    }
+                }
+                s
+            })
+            .unwrap_or_default()
+    }
+
+    /// A state dump: the engine's rings, QPs, MRs and counters, then the emulated card's
+    /// counters.
+    pub fn dump(&self) -> String {
+        let now = self.inner.now();
+        let mut s = String::new();
+        let _ = self.inner.lock().dump(&mut s, now);
+        s.push_str("card: ");
+        s.push_str(&self.card_stats());
+        s.push('\n');
+        s
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd, Error> {
+        let pd = self.inner.lock().alloc_pd().map_err(err("alloc_pd"))?;
+        Ok(Pd(Arc::new(PdInner {
+            ctx: Arc::clone(&self.inner),
+            pd,
+        })))
+    }
+
+    /// Creates a completion queue.
+    pub fn create_cq(&self) -> Result<Cq, Error> {
+        let cq = self.inner.lock().create_cq().map_err(err("create_cq"))?;
+        Ok(Cq(Arc::new(CqInner {
+            ctx: Arc::clone(&self.inner),
+            cq,
+        })))
+    }
+
+    /// Drives the engine once (the progress thread does this too).
+    pub fn poll(&self) -> bool {
+        let now = self.inner.now();
+        self.inner.lock().poll(now)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.kick();
+        if let Some(t) = self.progress.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn progress_loop(inner: &Inner) {
+    let mut idle_rounds = 0u32;
+    while !inner.stop.load(Ordering::Acquire) {
+        let now = inner.now();
+        // try_lock: an application thread inside a verb drives progress itself; the progress
+        // thread never makes it wait (on two cores a contended lock costs more than a poll).
+        let polled = match inner.dev.try_lock() {
+            Ok(mut dev) => {
+                let w = dev.poll(now);
+                Some((w, dev.next_deadline()))
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                let mut dev = p.into_inner();
+                let w = dev.poll(now);
+                Some((w, dev.next_deadline()))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        let Some((work, deadline)) = polled else {
+            thread::yield_now();
+            continue;
+        };
+        if work {
+            idle_rounds = 0;
+            continue;
+        }
+        idle_rounds = idle_rounds.saturating_add(1);
+        if idle_rounds < 64 {
+            // A reply or an ACK usually follows within microseconds: stay close, but let
+            // the card's threads run.
+            thread::yield_now();
+            continue;
+        }
+        // Back off: 20 us doubling to 1 ms, never past a retransmission deadline.
+        let backoff =
+            Duration::from_micros(20u64 << (idle_rounds - 64).min(6)).min(Duration::from_millis(1));
+        let until_deadline = deadline
+            .map(|d| Duration::from_nanos(d.0.saturating_sub(inner.now().0)))
+            .unwrap_or(backoff);
+        let (lock, cv) = &inner.kick;
+        let Ok(guard) = lock.lock() else { return };
+        let (mut kicked, _) = cv
+            .wait_timeout_while(guard, backoff.min(until_deadline), |k| !*k)
+            .unwrap_or_else(|e| e.into_inner());
+        if *kicked {
+            *kicked = false;
+            idle_rounds = 0;
+        }
+    }
+}
+
+struct PdInner {
+    ctx: Arc<Inner>,
+    pd: u32,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.lock().dealloc_pd(self.pd) {
+            log::error!("dealloc_pd({}): {e}", self.pd);
+        }
+    }
+}
+
+/// A protection domain. Clones share it; it is freed when the last clone (and every MR and
+/// QP made from it) is gone.
+#[derive(Clone)]
+pub struct Pd(Arc<PdInner>);
+
+impl Pd {
+    /// The PD handle.
+    pub fn handle(&self) -> u32 {
+        self.0.pd
+    }
+
+    /// Registers memory the caller owns.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must stay valid (mapped, not freed) until the returned [`Mr`] is
+    /// dropped: the card may read or write it at any time while it is registered.
+    pub unsafe fn reg_mr(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Mr, Error> {
+        let ctx = &self.0.ctx;
+        let key = {
+            let mut clock = ctx.clock();
+            ctx.lock()
+                .reg_mr(
+                    self.0.pd,
+                    VirtAddr(addr as u64),
+                    len as u64,
+                    access,
+                    &mut clock,
+                )
+                .map_err(err("reg_mr"))?
+        };
+        Ok(Mr {
+            pd: self.clone(),
+            key,
+            addr: addr as u64,
+            len,
+            owned: None,
+        })
+    }
+
+    /// Allocates `len` zeroed bytes (page aligned) and registers them: the safe way to get a
+    /// registered buffer.
+    pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
+        let mut buf = AlignedBuf::new(len.max(1));
+        // SAFETY: the buffer is owned by the returned Mr and freed after deregistration.
+        let mut mr = unsafe { self.reg_mr(buf.as_mut_ptr(), len, access)? };
+        mr.owned = Some(buf);
+        Ok(mr)
+    }
+
+    /// Creates an RC queue pair in RESET.
+    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq) -> Result<Qp, Error> {
+        let ctx = &self.0.ctx;
+        let qpn = {
+            let mut clock = ctx.clock();
+            ctx.lock()
+                .create_qp(
+                    self.0.pd,
+                    send_cq.0.cq,
+                    recv_cq.0.cq,
+                    QpType::Rc,
+                    &mut clock,
+                )
+                .map_err(err("create_qp"))?
+        };
+        Ok(Qp {
+            pd: self.clone(),
+            _cqs: (send_cq.clone(), recv_cq.clone()),
+            qpn,
+        })
+    }
+}
+
+/// A page-aligned heap buffer.
+struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer is plain bytes owned by this value.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out the pointer; the verbs contract governs its use.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("length fits a layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Self { ptr, layout }
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// A registered memory region.
+pub struct Mr {
+    pd: Pd,
+    key: MrKey,
+    addr: u64,
+    len: usize,
+    owned: Option<AlignedBuf>,
+}
+
+impl Mr {
+    /// The key (lkey = rkey).
+    pub fn key(&self) -> MrKey {
+        self.key
+    }
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The bytes of an owned region (see [`Pd::alloc_mr`]); `None` for caller memory.
+    ///
+    /// The card may write them while a work request targets them; read them after the
+    /// completion that says it is done.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        // SAFETY: an owned buffer is valid for `len` bytes while `self` lives.
+        self.owned
+            .as_ref()
+            .map(|b| unsafe { std::slice::from_raw_parts(b.ptr, self.len) })
+    }
+    /// Mutable bytes of an owned region.
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let len = self.len;
+        // SAFETY: as in `bytes`, and `&mut self` excludes other borrows through this Mr.
+        self.owned
+            .as_mut()
+            .map(|b| unsafe { std::slice::from_raw_parts_mut(b.ptr, len) })
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let ctx = &self.pd.0.ctx;
+        let mut clock = ctx.clock();
+        if let Err(e) = ctx.lock().dereg_mr(self.key, &mut clock) {
+            log::error!("dereg_mr({:#x}): {e}", self.key.get());
+        }
+    }
+}
+
+struct CqInner {
+    ctx: Arc<Inner>,
+    cq: u32,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.ctx.lock().destroy_cq(self.cq) {
+            log::error!("destroy_cq({}): {e}", self.cq);
+        }
+    }
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct Cq(Arc<CqInner>);
+
+impl Cq {
+    /// Moves completions into `out`; returns how many. Drives progress first.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Error> {
+        let ctx = &self.0.ctx;
+        let now = ctx.now();
+        let mut dev = ctx.lock();
+        dev.poll(now);
+        dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))
+    }
+
+    /// Polls until `n` completions arrived or `timeout` passed.
+    pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<WorkCompletion>, Error> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut got = Vec::with_capacity(n);
+        let mut buf = [WorkCompletion::EMPTY; 32];
+        while got.len() < n && std::time::Instant::now() < deadline {
+            let k = self.poll(&mut buf[..(n - got.len()).min(32)])?;
+            got.extend_from_slice(&buf[..k]);
+            if k == 0 {
+                thread::yield_now();
+            }
+        }
+        Ok(got)
+    }
+}
+
+/// Where a QP connects to: what the peer tells us out of band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The peer's QPN.
+    pub qpn: Qpn,
+    /// The peer's IPv4 address.
+    pub ip: Ipv4Addr,
+    /// The first PSN the peer sends.
+    pub psn: u32,
+}
+
+/// A queue pair.
+pub struct Qp {
+    pd: Pd,
+    _cqs: (Cq, Cq),
+    qpn: Qpn,
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// This QP as an endpoint for a peer (our IP, our QPN, our first PSN).
+    pub fn endpoint(&self, psn: u32) -> Endpoint {
+        Endpoint {
+            qpn: self.qpn,
+            ip: self.pd.0.ctx.spec.ip,
+            psn,
+        }
+    }
+
+    /// modify_qp with raw ibv attributes and mask.
+    pub fn modify(&self, attr: &RawQpAttr, mask: QpAttrMask) -> Result<(), Error> {
+        let ctx = &self.pd.0.ctx;
+        let mut clock = ctx.clock();
+        ctx.lock()
+            .modify_qp(self.qpn, attr, mask, &mut clock)
+            .map_err(err("modify_qp"))
+    }
+
+    /// RESET -> INIT -> RTR -> RTS towards `remote`, sending from `my_psn`, with IB
+    /// `timeout` and `retry_cnt`.
+    pub fn connect(
+        &self,
+        remote: Endpoint,
+        my_psn: u32,
+        timeout: u8,
+        retry_cnt: u8,
+    ) -> Result<(), Error> {
+        self.connect_rnr(remote, my_psn, timeout, retry_cnt, 7, 12)
+    }
+
+    /// As [`Qp::connect`], with the RNR attributes: `rnr_retry` (7 = forever) and
+    /// `min_rnr_timer` (IB table 45 code; 12 = 0.64 ms).
+    pub fn connect_rnr(
+        &self,
+        remote: Endpoint,
+        my_psn: u32,
+        timeout: u8,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        min_rnr_timer: u8,
+    ) -> Result<(), Error> {
+        let access = (1 | 2 | 4) as u32; // LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ
+        self.modify(
+            &RawQpAttr {
+                qp_state: QpState::Init.to_ibv(),
+                qp_access_flags: access,
+                ..RawQpAttr::default()
+            },
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )?;
+        self.modify(
+            &RawQpAttr {
+                qp_state: QpState::Rtr.to_ibv(),
+                path_mtu: 5,
+                dest_qp_num: remote.qpn.get(),
+                rq_psn: remote.psn,
+                dgid: Gid::from_ipv4(remote.ip),
+                min_rnr_timer,
+                ..RawQpAttr::default()
+            },
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )?;
+        self.modify(
+            &RawQpAttr {
+                qp_state: QpState::Rts.to_ibv(),
+                sq_psn: my_psn,
+                timeout,
+                retry_cnt,
+                rnr_retry,
+                ..RawQpAttr::default()
+            },
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    /// The QP's state and attributes.
+    pub fn query(&self) -> Result<QpSlot, Error> {
+        self.pd
+            .0
+            .ctx
+            .lock()
+            .query_qp(self.qpn)
+            .map_err(err("query_qp"))
+    }
+
+    /// Posts a chain of send work requests; on failure returns the index of the first
+    /// request not posted (`bad_wr`) and why.
+    ///
+    /// # Safety
+    /// Every local buffer `[laddr, laddr + len)` must stay valid, and must not be written
+    /// (for WRITE) or read (for READ) by the caller, until the request's completion is
+    /// polled (or, for an unsignaled request, a later signaled one's): it belongs to the
+    /// work request until then.
+    pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), (usize, Error)> {
+        let ctx = &self.pd.0.ctx;
+        let now = ctx.now();
+        let r = ctx.lock().post_send(self.qpn, wrs, now).map_err(|(k, e)| {
+            (
+                k,
+                Error {
+                    op: "post_send",
+                    kind: e,
+                },
+            )
+        });
+        ctx.kick();
+        r
+    }
+
+    /// Posts receive work requests (SEND arrives with issue D; WRITE_WITH_IMM consumes them).
+    ///
+    /// # Safety
+    /// As for [`Qp::post_send`]: each buffer belongs to the request until its completion.
+    pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
+        self.pd
+            .0
+            .ctx
+            .lock()
+            .post_recv(self.qpn, wrs)
+            .map_err(|(k, e)| {
+                (
+                    k,
+                    Error {
+                        op: "post_recv",
+                        kind: e,
+                    },
+                )
+            })
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        let ctx = &self.pd.0.ctx;
+        let mut clock = ctx.clock();
+        if let Err(e) = ctx.lock().destroy_qp(self.qpn, &mut clock) {
+            log::error!("destroy_qp({:#x}): {e}", self.qpn.get());
+        }
+    }
+}
