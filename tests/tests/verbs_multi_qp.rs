@@ -109,7 +109,7 @@ fn sixty_four_qp_pairs_with_interleaved_writes_and_reads() {
         }
     });
 
-    let wc = ca.wait(QPS * WRS, Duration::from_secs(60)).unwrap();
+    let wc = ca.wait(QPS * WRS, Duration::from_secs(20)).unwrap();
     assert_eq!(
         wc.len(),
         QPS * WRS,
@@ -136,7 +136,13 @@ fn sixty_four_qp_pairs_with_interleaved_writes_and_reads() {
             })
             .collect();
         let got: Vec<_> = got.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
-        assert_eq!(got, want, "QP {k}: completions in posting order");
+        assert_eq!(
+            got,
+            want,
+            "QP {k}: completions in posting order\n{}\n{}",
+            a.dump(),
+            b.dump()
+        );
     }
     let mut none = [WorkCompletion::EMPTY; 4];
     assert_eq!(
