@@ -155,3 +155,15 @@ pub fn assert_untouched(what: &str, buf: &[u8]) {
         panic!("{what}: {n} bytes written, the first at {i}");
     }
 }
+
+/// The value of `key=value` in a line of whitespace-separated fields (the line protocol of
+/// the `verbs_peer` helper binary).
+pub fn line_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// A `0x`-prefixed (or plain) hexadecimal number.
+pub fn parse_hex(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()
+}
