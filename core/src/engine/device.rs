@@ -28,6 +28,7 @@ use crate::time::{Instant, Nanos};
 use crate::transport::{num_packets, Fragmenter, PacketFragmenter, Psn, PsnRange, WrSpan};
 use crate::wire::{AckVerdict, DriverAckFrame};
 
+use super::card_reset::{still_fresh, trusted_bits, RESET_PHANTOMS};
 use super::error::VerbsError;
 use super::types::*;
 
@@ -885,6 +886,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         if next == QpState::Rtr && state != QpState::Rtr {
             self.manage_qp(qpn, true, clock)?;
+            // ManageQp reset the card's window: its bits for these PSNs mean nothing.
+            let q = &mut self.storage.slices().qps[i];
+            q.card_fresh = true;
+            record_lost(q, RESET_PHANTOMS);
         }
         if next == QpState::Reset && state != QpState::Reset {
             self.reset_qp(i);
@@ -1680,7 +1685,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     let q = &mut self.storage.slices().qps[i];
                     let bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
                     mark_card_cumulative(q, bottom);
-                    q.rx.merge_card_report(Psn::from_raw(a.psn_now), a.now_bitmap);
+                    q.rx.merge_window(bottom, trusted_bits(q.card_fresh, bottom, a.now_bitmap));
+                    q.card_fresh = still_fresh(q.card_fresh, bottom);
                     let hole = q.rx.first_missing();
                     q.nak_due = (1..128u32).any(|k| q.rx.is_set(hole.wrapping_add(k)));
                 } else {
@@ -1704,8 +1710,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
                         record_lost(q, PsnRange::from_bounds(first, new_bottom));
                     }
                     mark_card_cumulative(q, new_bottom);
-                    q.rx.merge_card_report(Psn::from_raw(a.psn_before_slide), extra.pre_bitmap);
-                    q.rx.merge_card_report(Psn::from_raw(a.psn_now), a.now_bitmap);
+                    let pre_bottom =
+                        crate::transport::card_bitmap_base(Psn::from_raw(a.psn_before_slide));
+                    let fresh = q.card_fresh;
+                    q.rx.merge_window(
+                        pre_bottom,
+                        trusted_bits(fresh, pre_bottom, extra.pre_bitmap),
+                    );
+                    q.rx.merge_window(new_bottom, trusted_bits(fresh, new_bottom, a.now_bitmap));
+                    q.card_fresh = still_fresh(fresh, new_bottom);
                 } else if a.is_send_by_driver {
                     let from = Psn::from_raw(a.psn_before_slide);
                     self.on_ack(i, from, now);

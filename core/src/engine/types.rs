@@ -305,6 +305,9 @@ pub struct QpSlot {
     /// jumped over them) and that have not all arrived since: the card's window bottom is a
     /// cumulative ACK only up to the first of these.
     pub lost: heapless::Vec<PsnRange, LOST_TRACKED>,
+    /// The card's receive window has not moved past PSN 0 since ManageQp, so its bitmaps
+    /// still carry the reset bits (see `engine::card_reset`).
+    pub card_fresh: bool,
     /// Received messages waiting for their PSNs.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
     /// FIRST packets seen of messages not delivered yet: (PSN, message length, RETH address).
@@ -355,6 +358,7 @@ impl Default for QpSlot {
             nak_due: false,
             reack: false,
             lost: heapless::Vec::new(),
+            card_fresh: true,
             msgs: heapless::Deque::new(),
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),
