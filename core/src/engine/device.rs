@@ -2088,7 +2088,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 }
                 (q.rx.advance(), q.acked_rx, q.in_use)
             };
-            let nak_due = core::mem::take(&mut self.storage.slices().qps[i].nak_due);
+            let nak_due = {
+                let q = &mut self.storage.slices().qps[i];
+                let due = core::mem::take(&mut q.nak_due) && q.naked_at != Some(base);
+                if due {
+                    q.naked_at = Some(base);
+                }
+                due
+            };
             if nak_due {
                 if let Some(d) = self.ack_frame(
                     i,

@@ -298,6 +298,9 @@ pub struct QpSlot {
     pub acked_rx: Psn,
     /// The card's quiet report showed a hole below received PSNs: NAK it at the next poll.
     pub nak_due: bool,
+    /// The receive base the last NAK was sent for: one NAK per hole, as IB's sequence
+    /// error NAK (the requester's timer covers a retransmission that is lost again).
+    pub naked_at: Option<Psn>,
     /// A duplicate arrived (a PSN below the base): the requester missed an ACK, send the
     /// current one again.
     pub reack: bool,
@@ -356,6 +359,7 @@ impl Default for QpSlot {
             rx: PsnBitmap::new(Psn::from_raw(0)),
             acked_rx: Psn::from_raw(0),
             nak_due: false,
+            naked_at: None,
             reack: false,
             lost: heapless::Vec::new(),
             card_fresh: true,
