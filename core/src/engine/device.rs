@@ -1601,27 +1601,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     self.stats.bad_reports += 1;
                     return;
                 };
-                let psn = Psn::from_raw(p.psn);
-                {
-                    let q = &mut self.storage.slices().qps[i];
-                    if psn.is_before(q.rx.base()) {
-                        q.reack = true;
-                    }
-                    q.rx.set(psn);
-                    push_msg(
-                        q,
-                        MsgEnd {
-                            psn,
-                            kind: MsgKind::ReadReq,
-                            imm: 0,
-                            len: p.total_len,
-                            only: true,
-                            addr: p.raddr.0,
-                        },
-                    );
-                }
                 // The card checks nothing of a READ request but its QP (12a): the driver
-                // checks rkey, bounds, REMOTE_READ on MR and QP, and the PD.
+                // checks rkey, bounds, REMOTE_READ on MR and QP, and the PD. A refused
+                // request is not acknowledged either: the requester times out.
                 let (pd, qp_access, state) = {
                     let q = &self.storage.slices().qps[i];
                     (q.pd, q.access, q.state)
@@ -1647,6 +1629,32 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 let depth = self.storage.sq_depth();
                 if self.storage.slices().qps[i].sq_len as usize >= depth {
                     self.stats.read_refused += 1;
+                    return;
+                }
+                let psn = Psn::from_raw(p.psn);
+                {
+                    let q = &mut self.storage.slices().qps[i];
+                    if psn.is_before(q.rx.base()) {
+                        q.reack = true;
+                    }
+                    q.rx.set(psn);
+                    push_msg(
+                        q,
+                        MsgEnd {
+                            psn,
+                            kind: MsgKind::ReadReq,
+                            imm: 0,
+                            len: p.total_len,
+                            only: true,
+                            addr: p.raddr.0,
+                        },
+                    );
+                }
+                if self.answering(i, p.raddr.0, p.total_len, ext.laddr.0) {
+                    // A resent request (the requester's READ timer) while our response is
+                    // still queued or unacknowledged: that response, with its own
+                    // retransmissions, answers it. Another copy of a long response would
+                    // only push the missing packets further back in the send ring.
                     return;
                 }
                 self.enqueue(
@@ -1776,6 +1784,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 p.is_before(new_bottom) && !p.is_before(q.acked_psn) && p.is_before(q.next_psn)
             });
         candidates.find(|p| !unmarked(*p))
+    }
+
+    /// Whether QP `i` has a READ response from `src` (`len` bytes) to `sink` that is not
+    /// acknowledged yet.
+    fn answering(&mut self, i: usize, src: u64, len: u32, sink: u64) -> bool {
+        let depth = self.storage.sq_depth();
+        let s = self.storage.slices();
+        let q = &s.qps[i];
+        (0..q.sq_len).any(|k| {
+            let w = &s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+            w.internal
+                && w.state != WqeState::Acked
+                && (w.laddr, w.len, w.raddr) == (src, len, sink)
+        })
     }
 
     /// Retires acknowledged WQEs (in order) up to `psn` (exclusive).
