@@ -1786,6 +1786,24 @@ impl<P: Platform, S: Storage> Device<P, S> {
         candidates.find(|p| !unmarked(*p))
     }
 
+    /// The peer's packets keep arriving on QP `i` (its receive window moved): a READ waiting
+    /// for its response is being answered, so its timer and retries start again, as an ACK
+    /// would for a WRITE. Without this a response longer than `retry_cnt + 1` timeouts
+    /// failed with RETRY_EXC_ERR while its data was still flowing in.
+    fn response_progress(&mut self, i: usize, now: Instant) {
+        let depth = self.storage.sq_depth();
+        let s = self.storage.slices();
+        let q = &mut s.qps[i];
+        let reading = (0..q.sq_sent).any(|k| {
+            let w = &s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+            w.op == Some(WorkReqOpcode::Read) && !w.read_done
+        });
+        if reading && q.deadline.is_some() {
+            q.retries_left = q.retry_cnt;
+            q.deadline = timeout_of(q).map(|t| now + t);
+        }
+    }
+
     /// Whether QP `i` has a READ response from `src` (`len` bytes) to `sink` that is not
     /// acknowledged yet.
     fn answering(&mut self, i: usize, src: u64, len: u32, sink: u64) -> bool {
@@ -1836,8 +1854,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
         loop {
             let (w, qpn, send_cq) = {
                 let s = self.storage.slices();
-                let q = &s.qps[i];
-                if q.sq_len == 0 || q.sq_sent == 0 {
+                let q = &mut s.qps[i];
+                if q.sq_sent == 0 {
+                    // Nothing on the wire any more (e.g. a READ completed by its response
+                    // after its ACK): a timer left running would fail the idle QP.
+                    q.deadline = None;
+                    return;
+                }
+                if q.sq_len == 0 {
                     return;
                 }
                 (
@@ -2097,7 +2121,6 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Responder side: completes received messages whose PSNs all arrived and sends one
     /// cumulative ACK per QP whose receive window moved.
     fn deliver_and_ack(&mut self, now: Instant) -> bool {
-        let _ = now;
         let nqps = self.storage.slices().qps.len();
         let mut acks = [RawDesc::ZERO; BATCH];
         let mut n = 0usize;
@@ -2140,6 +2163,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 continue;
             }
             any = true;
+            if base != acked {
+                self.response_progress(i, now);
+            }
             // Messages whose last PSN is below the new base are complete.
             loop {
                 let m = {
