@@ -192,8 +192,14 @@ fn setup() -> (Local, Peer, Remote) {
 }
 
 /// One WRITE or READ of `len` bytes between local offset `off` and remote offset `roff`,
-/// waited for.
-fn transfer(local: &Local, remote: &Remote, op: SendOp, (off, len, roff): (usize, usize, usize)) {
+/// waited for; on failure both devices' state is printed.
+fn transfer(
+    local: &Local,
+    peer: &mut Peer,
+    remote: &Remote,
+    op: SendOp,
+    (off, len, roff): (usize, usize, usize),
+) {
     let wr = raw_wr(
         len as u64,
         op,
@@ -206,11 +212,18 @@ fn transfer(local: &Local, remote: &Remote, op: SendOp, (off, len, roff): (usize
     // the child until QUIT.
     unsafe { local.qp.post_send(&[wr]) }.unwrap();
     let wc = local.cq.wait(1, STEP).unwrap();
+    let state = |peer: &mut Peer| {
+        format!(
+            "this side:\n{}\nverbs_peer: {}",
+            local.ctx.dump(),
+            peer.ask("DUMP")
+        )
+    };
     assert_eq!(
         wc.len(),
         1,
         "{op:?} of {len} B completes within {STEP:?}\n{}",
-        local.ctx.dump()
+        state(peer)
     );
     let want = if op == SendOp::Read {
         WcOpcode::RdmaRead
@@ -221,7 +234,7 @@ fn transfer(local: &Local, remote: &Remote, op: SendOp, (off, len, roff): (usize
         (wc[0].wr_id, wc[0].status, wc[0].opcode),
         (len as u64, WcStatus::Success, want),
         "{op:?} of {len} B\n{}",
-        local.ctx.dump()
+        state(peer)
     );
     eprintln!(
         "{op:?} of {len} B across processes: {:?} ({:?})",
@@ -239,7 +252,7 @@ fn write_of_1_and_16_mib_to_another_process_arrives_intact() {
     for (k, (off, len, roff)) in cases.into_iter().enumerate() {
         let seed = 0x5EED + k as u32;
         fill_pattern(&mut local.mr.bytes_mut().unwrap()[off..off + len], seed, 0);
-        transfer(&local, &remote, SendOp::Write, (off, len, roff));
+        transfer(&local, &mut peer, &remote, SendOp::Write, (off, len, roff));
         assert_eq!(
             peer.ask(&format!("CHECK off={roff} len={len} seed={seed}")),
             "OK",
@@ -272,7 +285,7 @@ fn read_of_1_and_16_mib_from_another_process_arrives_intact() {
             peer.ask(&format!("FILL off={roff} len={len} seed={seed}")),
             "OK"
         );
-        transfer(&local, &remote, SendOp::Read, (off, len, roff));
+        transfer(&local, &mut peer, &remote, SendOp::Read, (off, len, roff));
         let got = &local.mr.bytes().unwrap()[off..off + len];
         assert_eq!(
             pattern_mismatch(got, seed, 0),

@@ -11,6 +11,7 @@
 //! - `CHECK off=<n> len=<n> seed=<n>`: compares the MR with pattern `seed`; answers `OK`
 //!   or `MISMATCH at=<offset> got=<byte> want=<byte>`.
 //! - `ZERO off=<n> len=<n>`: checks the bytes are untouched; answers `OK` or `DIRTY at=<n>`.
+//! - `DUMP`: answers the device's state dump on one line (` | ` between its lines).
 //! - `QUIT`, or the end of stdin: exits 0.
 //!
 //! A bad line is answered `ERR <why>`. Whatever happens, the process exits after
@@ -82,6 +83,7 @@ fn main() {
             Some("FILL") => fill(&mut mr, &line),
             Some("CHECK") => check(&mr, &line),
             Some("ZERO") => zero(&mr, &line),
+            Some("DUMP") => Ok(ctx.dump().trim_end().replace('\n', " | ")),
             _ => Err(format!("unknown command {line:?}")),
         };
         let _ = match reply {
