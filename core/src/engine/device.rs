@@ -28,6 +28,7 @@ use crate::time::{Instant, Nanos};
 use crate::transport::{num_packets, Fragmenter, PacketFragmenter, Psn, PsnRange, WrSpan};
 use crate::wire::{AckVerdict, DriverAckFrame};
 
+use super::card_reset::{still_fresh, trusted_bits, RESET_PHANTOMS};
 use super::error::VerbsError;
 use super::types::*;
 
@@ -885,6 +886,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         if next == QpState::Rtr && state != QpState::Rtr {
             self.manage_qp(qpn, true, clock)?;
+            // ManageQp reset the card's window: its bits for these PSNs mean nothing.
+            let q = &mut self.storage.slices().qps[i];
+            q.card_fresh = true;
+            record_lost(q, RESET_PHANTOMS);
         }
         if next == QpState::Reset && state != QpState::Reset {
             self.reset_qp(i);
@@ -1596,27 +1601,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     self.stats.bad_reports += 1;
                     return;
                 };
-                let psn = Psn::from_raw(p.psn);
-                {
-                    let q = &mut self.storage.slices().qps[i];
-                    if psn.is_before(q.rx.base()) {
-                        q.reack = true;
-                    }
-                    q.rx.set(psn);
-                    push_msg(
-                        q,
-                        MsgEnd {
-                            psn,
-                            kind: MsgKind::ReadReq,
-                            imm: 0,
-                            len: p.total_len,
-                            only: true,
-                            addr: p.raddr.0,
-                        },
-                    );
-                }
                 // The card checks nothing of a READ request but its QP (12a): the driver
-                // checks rkey, bounds, REMOTE_READ on MR and QP, and the PD.
+                // checks rkey, bounds, REMOTE_READ on MR and QP, and the PD. A refused
+                // request is not acknowledged either: the requester times out.
                 let (pd, qp_access, state) = {
                     let q = &self.storage.slices().qps[i];
                     (q.pd, q.access, q.state)
@@ -1642,6 +1629,32 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 let depth = self.storage.sq_depth();
                 if self.storage.slices().qps[i].sq_len as usize >= depth {
                     self.stats.read_refused += 1;
+                    return;
+                }
+                let psn = Psn::from_raw(p.psn);
+                {
+                    let q = &mut self.storage.slices().qps[i];
+                    if psn.is_before(q.rx.base()) {
+                        q.reack = true;
+                    }
+                    q.rx.set(psn);
+                    push_msg(
+                        q,
+                        MsgEnd {
+                            psn,
+                            kind: MsgKind::ReadReq,
+                            imm: 0,
+                            len: p.total_len,
+                            only: true,
+                            addr: p.raddr.0,
+                        },
+                    );
+                }
+                if self.answering(i, p.raddr.0, p.total_len, ext.laddr.0) {
+                    // A resent request (the requester's READ timer) while our response is
+                    // still queued or unacknowledged: that response, with its own
+                    // retransmissions, answers it. Another copy of a long response would
+                    // only push the missing packets further back in the send ring.
                     return;
                 }
                 self.enqueue(
@@ -1680,7 +1693,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     let q = &mut self.storage.slices().qps[i];
                     let bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
                     mark_card_cumulative(q, bottom);
-                    q.rx.merge_card_report(Psn::from_raw(a.psn_now), a.now_bitmap);
+                    q.rx.merge_window(bottom, trusted_bits(q.card_fresh, bottom, a.now_bitmap));
+                    q.card_fresh = still_fresh(q.card_fresh, bottom);
                     let hole = q.rx.first_missing();
                     q.nak_due = (1..128u32).any(|k| q.rx.is_set(hole.wrapping_add(k)));
                 } else {
@@ -1704,8 +1718,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
                         record_lost(q, PsnRange::from_bounds(first, new_bottom));
                     }
                     mark_card_cumulative(q, new_bottom);
-                    q.rx.merge_card_report(Psn::from_raw(a.psn_before_slide), extra.pre_bitmap);
-                    q.rx.merge_card_report(Psn::from_raw(a.psn_now), a.now_bitmap);
+                    let pre_bottom =
+                        crate::transport::card_bitmap_base(Psn::from_raw(a.psn_before_slide));
+                    let fresh = q.card_fresh;
+                    q.rx.merge_window(
+                        pre_bottom,
+                        trusted_bits(fresh, pre_bottom, extra.pre_bitmap),
+                    );
+                    q.rx.merge_window(new_bottom, trusted_bits(fresh, new_bottom, a.now_bitmap));
+                    q.card_fresh = still_fresh(fresh, new_bottom);
                 } else if a.is_send_by_driver {
                     let from = Psn::from_raw(a.psn_before_slide);
                     self.on_ack(i, from, now);
@@ -1765,6 +1786,38 @@ impl<P: Platform, S: Storage> Device<P, S> {
         candidates.find(|p| !unmarked(*p))
     }
 
+    /// The peer's packets keep arriving on QP `i` (its receive window moved): a READ waiting
+    /// for its response is being answered, so its timer and retries start again, as an ACK
+    /// would for a WRITE. Without this a response longer than `retry_cnt + 1` timeouts
+    /// failed with RETRY_EXC_ERR while its data was still flowing in.
+    fn response_progress(&mut self, i: usize, now: Instant) {
+        let depth = self.storage.sq_depth();
+        let s = self.storage.slices();
+        let q = &mut s.qps[i];
+        let reading = (0..q.sq_sent).any(|k| {
+            let w = &s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+            w.op == Some(WorkReqOpcode::Read) && !w.read_done
+        });
+        if reading && q.deadline.is_some() {
+            q.retries_left = q.retry_cnt;
+            q.deadline = timeout_of(q).map(|t| now + t);
+        }
+    }
+
+    /// Whether QP `i` has a READ response from `src` (`len` bytes) to `sink` that is not
+    /// acknowledged yet.
+    fn answering(&mut self, i: usize, src: u64, len: u32, sink: u64) -> bool {
+        let depth = self.storage.sq_depth();
+        let s = self.storage.slices();
+        let q = &s.qps[i];
+        (0..q.sq_len).any(|k| {
+            let w = &s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+            w.internal
+                && w.state != WqeState::Acked
+                && (w.laddr, w.len, w.raddr) == (src, len, sink)
+        })
+    }
+
     /// Retires acknowledged WQEs (in order) up to `psn` (exclusive).
     fn on_ack(&mut self, i: usize, psn: Psn, now: Instant) {
         let depth = self.storage.sq_depth();
@@ -1801,8 +1854,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
         loop {
             let (w, qpn, send_cq) = {
                 let s = self.storage.slices();
-                let q = &s.qps[i];
-                if q.sq_len == 0 || q.sq_sent == 0 {
+                let q = &mut s.qps[i];
+                if q.sq_sent == 0 {
+                    // Nothing on the wire any more (e.g. a READ completed by its response
+                    // after its ACK): a timer left running would fail the idle QP.
+                    q.deadline = None;
+                    return;
+                }
+                if q.sq_len == 0 {
                     return;
                 }
                 (
@@ -2062,7 +2121,6 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Responder side: completes received messages whose PSNs all arrived and sends one
     /// cumulative ACK per QP whose receive window moved.
     fn deliver_and_ack(&mut self, now: Instant) -> bool {
-        let _ = now;
         let nqps = self.storage.slices().qps.len();
         let mut acks = [RawDesc::ZERO; BATCH];
         let mut n = 0usize;
@@ -2075,7 +2133,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 }
                 (q.rx.advance(), q.acked_rx, q.in_use)
             };
-            let nak_due = core::mem::take(&mut self.storage.slices().qps[i].nak_due);
+            let nak_due = {
+                let q = &mut self.storage.slices().qps[i];
+                let due = core::mem::take(&mut q.nak_due) && q.naked_at != Some(base);
+                if due {
+                    q.naked_at = Some(base);
+                }
+                due
+            };
             if nak_due {
                 if let Some(d) = self.ack_frame(
                     i,
@@ -2098,6 +2163,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 continue;
             }
             any = true;
+            if base != acked {
+                self.response_progress(i, now);
+            }
             // Messages whose last PSN is below the new base are complete.
             loop {
                 let m = {

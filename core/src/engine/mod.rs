@@ -7,6 +7,7 @@
 //! positive ACKs itself through the simple-NIC ring, retransmits on NAK or timeout, and
 //! produces completions in posting order.
 
+mod card_reset;
 mod device;
 mod error;
 mod types;

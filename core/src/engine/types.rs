@@ -298,6 +298,9 @@ pub struct QpSlot {
     pub acked_rx: Psn,
     /// The card's quiet report showed a hole below received PSNs: NAK it at the next poll.
     pub nak_due: bool,
+    /// The receive base the last NAK was sent for: one NAK per hole, as IB's sequence
+    /// error NAK (the requester's timer covers a retransmission that is lost again).
+    pub naked_at: Option<Psn>,
     /// A duplicate arrived (a PSN below the base): the requester missed an ACK, send the
     /// current one again.
     pub reack: bool,
@@ -305,6 +308,9 @@ pub struct QpSlot {
     /// jumped over them) and that have not all arrived since: the card's window bottom is a
     /// cumulative ACK only up to the first of these.
     pub lost: heapless::Vec<PsnRange, LOST_TRACKED>,
+    /// The card's receive window has not moved past PSN 0 since ManageQp, so its bitmaps
+    /// still carry the reset bits (see `engine::card_reset`).
+    pub card_fresh: bool,
     /// Received messages waiting for their PSNs.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
     /// FIRST packets seen of messages not delivered yet: (PSN, message length, RETH address).
@@ -353,8 +359,10 @@ impl Default for QpSlot {
             rx: PsnBitmap::new(Psn::from_raw(0)),
             acked_rx: Psn::from_raw(0),
             nak_due: false,
+            naked_at: None,
             reack: false,
             lost: heapless::Vec::new(),
+            card_fresh: true,
             msgs: heapless::Deque::new(),
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),

@@ -1,0 +1,170 @@
+//! The far end of `tests/tests/verbs_two_process.rs`: one emulated device on a UDP link in
+//! its own process, driven by lines on stdin, answering on stdout.
+//!
+//! Usage: `verbs_peer <ip> <udp-port> <mr-bytes> <watchdog-seconds>`. It binds the link,
+//! opens the device, creates a QP and one MR of `mr-bytes`, and prints
+//! `READY qpn=<hex> ip=<ip> addr=<hex> key=<hex> len=<n>`. Then, one line each:
+//!
+//! - `CONNECT qpn=<hex> ip=<ip> psn=<n> mypsn=<n> timeout=<n> retries=<n>`: connects the QP
+//!   to the peer's (RESET -> INIT -> RTR -> RTS); answers `OK`.
+//! - `FILL off=<n> len=<n> seed=<n>`: writes pattern `seed` into the MR; answers `OK`.
+//! - `CHECK off=<n> len=<n> seed=<n>`: compares the MR with pattern `seed`; answers `OK`
+//!   or `MISMATCH at=<offset> got=<byte> want=<byte>`.
+//! - `ZERO off=<n> len=<n>`: checks the bytes are untouched; answers `OK` or `DIRTY at=<n>`.
+//! - `DUMP`: answers the device's state dump on one line (` | ` between its lines).
+//! - `QUIT`, or the end of stdin: exits 0.
+//!
+//! A bad line is answered `ERR <why>`. Whatever happens, the process exits after
+//! `watchdog-seconds` (status 3) so that a test run never leaves it behind.
+
+use std::io::{self, BufRead, Write};
+use std::net::Ipv4Addr;
+use std::process::exit;
+use std::time::Duration;
+
+use bluerdma_core::keys::Qpn;
+use bluerdma_linux::{Context, DeviceSpec, Endpoint, Mr, Qp};
+use bluerdma_sim::link::{UdpLink, UdpLinkConfig};
+use bluerdma_tests::{fill_pattern, line_field, parse_hex, pattern_byte, pattern_mismatch, ALL};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [ip, port, mr_bytes, watchdog] = args.as_slice() else {
+        eprintln!("usage: verbs_peer <ip> <udp-port> <mr-bytes> <watchdog-seconds>");
+        exit(2);
+    };
+    let (Ok(ip), Ok(port), Ok(mr_bytes), Ok(watchdog)) = (
+        ip.parse::<Ipv4Addr>(),
+        port.parse::<u16>(),
+        mr_bytes.parse::<usize>(),
+        watchdog.parse::<u64>(),
+    ) else {
+        eprintln!("verbs_peer: bad arguments {args:?}");
+        exit(2);
+    };
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(watchdog));
+        eprintln!("verbs_peer: watchdog: {watchdog} s passed, exiting");
+        exit(3);
+    });
+    let mut out = io::stdout().lock();
+    let link = match UdpLink::bind(UdpLinkConfig::new(ip).with_port(port)) {
+        Ok(l) => l,
+        Err(e) => {
+            // The parent retries on another port.
+            let _ = writeln!(out, "ERR bind {ip}:{port}: {e}");
+            exit(1);
+        }
+    };
+    let ctx = Context::open_emulated(DeviceSpec::new("peer", ip), Box::new(link))
+        .unwrap_or_else(|e| fail(&format!("open: {e}")));
+    let pd = ctx.alloc_pd().unwrap_or_else(|e| fail(&format!("{e}")));
+    let cq = ctx.create_cq().unwrap_or_else(|e| fail(&format!("{e}")));
+    let qp = pd
+        .create_qp(&cq, &cq)
+        .unwrap_or_else(|e| fail(&format!("{e}")));
+    let mut mr = pd
+        .alloc_mr(mr_bytes, ALL)
+        .unwrap_or_else(|e| fail(&format!("{e}")));
+    let _ = writeln!(
+        out,
+        "READY qpn={:#x} ip={ip} addr={:#x} key={:#x} len={}",
+        qp.qpn().get(),
+        mr.addr(),
+        mr.key().get(),
+        mr.len()
+    );
+    let _ = out.flush();
+    for line in io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let reply = match line.split_whitespace().next() {
+            Some("QUIT") => break,
+            Some("CONNECT") => connect(&qp, &line),
+            Some("FILL") => fill(&mut mr, &line),
+            Some("CHECK") => check(&mr, &line),
+            Some("ZERO") => zero(&mr, &line),
+            Some("DUMP") => Ok(ctx.dump().trim_end().replace('\n', " | ")),
+            _ => Err(format!("unknown command {line:?}")),
+        };
+        let _ = match reply {
+            Ok(r) => writeln!(out, "{r}"),
+            Err(e) => writeln!(out, "ERR {e}"),
+        };
+        let _ = out.flush();
+    }
+    drop((qp, mr, pd, cq));
+    drop(ctx);
+}
+
+fn fail(why: &str) -> ! {
+    println!("ERR {why}");
+    exit(1);
+}
+
+fn num(line: &str, key: &str) -> Result<u64, String> {
+    line_field(line, key)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("{key}=<number> missing in {line:?}"))
+}
+
+fn connect(qp: &Qp, line: &str) -> Result<String, String> {
+    let qpn = line_field(line, "qpn")
+        .and_then(parse_hex)
+        .ok_or("qpn=<hex> missing")?;
+    let ip: Ipv4Addr = line_field(line, "ip")
+        .and_then(|v| v.parse().ok())
+        .ok_or("ip=<address> missing")?;
+    let remote = Endpoint {
+        qpn: Qpn::from_raw(qpn as u32),
+        ip,
+        psn: num(line, "psn")? as u32,
+    };
+    qp.connect(
+        remote,
+        num(line, "mypsn")? as u32,
+        num(line, "timeout")? as u8,
+        num(line, "retries")? as u8,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok("OK".into())
+}
+
+/// The MR bytes `off=`, `len=` of a command names.
+fn range(mr_len: usize, line: &str) -> Result<std::ops::Range<usize>, String> {
+    let (off, len) = (num(line, "off")? as usize, num(line, "len")? as usize);
+    match off.checked_add(len) {
+        Some(end) if end <= mr_len => Ok(off..end),
+        _ => Err(format!("{off}+{len} is outside the MR of {mr_len} bytes")),
+    }
+}
+
+fn fill(mr: &mut Mr, line: &str) -> Result<String, String> {
+    let r = range(mr.len(), line)?;
+    let seed = num(line, "seed")? as u32;
+    let bytes = mr.bytes_mut().ok_or("not an owned MR")?;
+    fill_pattern(&mut bytes[r], seed, 0);
+    Ok("OK".into())
+}
+
+fn check(mr: &Mr, line: &str) -> Result<String, String> {
+    let r = range(mr.len(), line)?;
+    let seed = num(line, "seed")? as u32;
+    let bytes = &mr.bytes().ok_or("not an owned MR")?[r];
+    Ok(match pattern_mismatch(bytes, seed, 0) {
+        None => "OK".into(),
+        Some(i) => format!(
+            "MISMATCH at={i} got={:#04x} want={:#04x}",
+            bytes[i],
+            pattern_byte(seed, i as u64)
+        ),
+    })
+}
+
+fn zero(mr: &Mr, line: &str) -> Result<String, String> {
+    let r = range(mr.len(), line)?;
+    let bytes = &mr.bytes().ok_or("not an owned MR")?[r];
+    Ok(match bytes.iter().position(|x| *x != 0) {
+        None => "OK".into(),
+        Some(i) => format!("DIRTY at={i}"),
+    })
+}
