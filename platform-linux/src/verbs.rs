@@ -146,6 +146,29 @@ impl Context {
         Self::open_emulated_with_oob(spec, link, None)
     }
 
+    /// The default device: an emulated card on the UDP link at `spec.ip` (port 4791) and the
+    /// out-of-band channel over TCP at `spec.ip`, port `oob_port` (60000 by the spec), so
+    /// SEND/RECV work between processes and hosts.
+    pub fn open(spec: DeviceSpec, oob_port: u16) -> Result<Context, Error> {
+        let fail = |what: &'static str| Error {
+            op: "open",
+            kind: VerbsError::Unsupported { what },
+        };
+        let link =
+            bluerdma_sim::link::UdpLink::bind(bluerdma_sim::link::UdpLinkConfig::new(spec.ip))
+                .map_err(|e| {
+                    log::error!("open {}: UDP link on {}:4791: {e}", spec.name, spec.ip);
+                    fail("the UDP link address is taken or not local (see the log)")
+                })?;
+        let mut cfg = crate::oob::TcpOobConfig::new(spec.ip);
+        cfg.port = oob_port;
+        let oob = crate::oob::TcpOob::bind(cfg).map_err(|e| {
+            log::error!("open {}: {e}", spec.name);
+            fail("the out-of-band port is taken (see the log)")
+        })?;
+        Self::open_emulated_with_oob(spec, Box::new(link), Some(Box::new(oob)))
+    }
+
     /// Starts an emulated card on `link` and opens the driver on it, announcing receive WRs
     /// over `oob` (the TCP channel of issue D, or an in-process hub).
     pub fn open_emulated_with_oob(

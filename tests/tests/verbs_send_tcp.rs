@@ -1,0 +1,186 @@
+//! SEND/RECV with the receive WRs announced over the real out-of-band channel (TCP), two
+//! devices on distinct IPs in one process: sizes up to 16 MiB, 256 QPs with random-size
+//! messages over exactly one TCP connection per IP pair, completions in order.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use bluerdma_core::addr::VirtAddr;
+use bluerdma_core::desc::AccessFlags;
+use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use bluerdma_linux::oob::{TcpOob, TcpOobConfig};
+use bluerdma_linux::{Context, DeviceSpec};
+use bluerdma_sim::link::{UdpLink, UdpLinkConfig};
+
+const IP0: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+const IP1: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+fn open(name: &str, ip: Ipv4Addr, udp: u16, oob: u16) -> Context {
+    let link = UdpLink::bind(UdpLinkConfig::new(ip).with_port(udp)).unwrap();
+    let mut cfg = TcpOobConfig::new(ip);
+    cfg.port = oob;
+    let oob = TcpOob::bind(cfg).unwrap();
+    Context::open_emulated_with_oob(
+        DeviceSpec::new(name, ip),
+        Box::new(link),
+        Some(Box::new(oob)),
+    )
+    .unwrap()
+}
+
+/// Established TCP connections with `port` at one end, counted once per connection.
+fn connections_on(port: u16) -> usize {
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let port_hex = format!(":{port:04X}");
+    text.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[3] == "01" && f[1].ends_with(&port_hex)
+        })
+        .count()
+}
+
+#[test]
+fn many_qps_send_random_sizes_over_one_oob_connection() {
+    let base = 30_000 + (std::process::id() % 10_000) as u16;
+    let (udp, oob) = (base, base + 1);
+    let a = open("blue0", IP0, udp, oob);
+    let b = open("blue1", IP1, udp, oob);
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
+    let n = 256;
+    let slot = 16 * 1024;
+    let mut src = pa.alloc_mr(n * slot, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = pb.alloc_mr(n * slot, AccessFlags::LOCAL_WRITE).unwrap();
+    for (i, x) in src.bytes_mut().unwrap().iter_mut().enumerate() {
+        *x = (i * 13 + i / 4093) as u8;
+    }
+    let mut qps = Vec::new();
+    for k in 0..n {
+        let qa = pa.create_qp(&ca, &ca).unwrap();
+        let qb = pb.create_qp(&cb, &cb).unwrap();
+        qa.connect(qb.endpoint(k as u32 % 100), k as u32 % 90, 16, 7)
+            .unwrap();
+        qb.connect(qa.endpoint(k as u32 % 90), k as u32 % 100, 16, 7)
+            .unwrap();
+        qps.push((qa, qb));
+    }
+    let rounds = 8;
+    let mut seed = 0x1234_5678u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..rounds {
+        let mut lens = Vec::new();
+        for (k, (qa, qb)) in qps.iter().enumerate() {
+            let len = (next() % slot as u64) as u32;
+            let off = (k * slot) as u64;
+            let r = RecvWr {
+                wr_id: (round * n + k) as u64,
+                addr: VirtAddr(dst.addr() + off),
+                len: slot as u32,
+                lkey: dst.key(),
+            };
+            // SAFETY: the MRs outlive the completions.
+            unsafe { qb.post_recv(&[r]).unwrap() };
+            let w = SendWr {
+                wr_id: (round * n + k) as u64,
+                op: SendOp::Send,
+                laddr: VirtAddr(src.addr() + off),
+                len,
+                lkey: src.key(),
+                raddr: VirtAddr(0),
+                rkey: bluerdma_core::keys::MrKey::from_raw(0),
+                signaled: true,
+                solicited: false,
+            };
+            // SAFETY: as above.
+            unsafe { qa.post_send(&[w]).unwrap() };
+            lens.push(len);
+        }
+        let sent = ca.wait(n, Duration::from_secs(60)).unwrap();
+        assert_eq!(sent.len(), n, "round {round}: {:?}", a.stats());
+        assert!(
+            sent.iter()
+                .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::Send),
+            "{sent:?}"
+        );
+        let got = cb.wait(n, Duration::from_secs(60)).unwrap();
+        assert_eq!(got.len(), n);
+        for r in &got {
+            let k = r.wr_id as usize % n;
+            assert_eq!(
+                (r.status, r.opcode, r.byte_len),
+                (WcStatus::Success, WcOpcode::Recv, lens[k]),
+                "QP {k}"
+            );
+            let off = k * slot;
+            let len = lens[k] as usize;
+            assert!(
+                dst.bytes().unwrap()[off..off + len] == src.bytes().unwrap()[off..off + len],
+                "QP {k} round {round}: bytes"
+            );
+        }
+    }
+    assert_eq!(
+        connections_on(oob),
+        1,
+        "exactly one OOB connection between the two IPs"
+    );
+    assert!(b.stats().recvs_announced >= (n * rounds) as u64);
+    assert_eq!(a.stats().recvs_dropped, 0);
+}
+
+#[test]
+fn send_of_16_mib_over_the_tcp_channel() {
+    let base = 40_000 + (std::process::id() % 10_000) as u16;
+    let a = open("blue0", IP0, base, base + 1);
+    let b = open("blue1", IP1, base, base + 1);
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
+    let qa = pa.create_qp(&ca, &ca).unwrap();
+    let qb = pb.create_qp(&cb, &cb).unwrap();
+    qa.connect(qb.endpoint(7), 3, 16, 7).unwrap();
+    qb.connect(qa.endpoint(3), 7, 16, 7).unwrap();
+    let len = 16 << 20;
+    let mut src = pa.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    for (i, x) in src.bytes_mut().unwrap().iter_mut().enumerate() {
+        *x = (i % 253) as u8;
+    }
+    let dst = pb.alloc_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let r = RecvWr {
+        wr_id: 1,
+        addr: VirtAddr(dst.addr()),
+        len: len as u32,
+        lkey: dst.key(),
+    };
+    // SAFETY: the MRs outlive the completions.
+    unsafe { qb.post_recv(&[r]).unwrap() };
+    let w = SendWr {
+        wr_id: 2,
+        op: SendOp::SendWithImm(77),
+        laddr: VirtAddr(src.addr()),
+        len: len as u32,
+        lkey: src.key(),
+        raddr: VirtAddr(0),
+        rkey: bluerdma_core::keys::MrKey::from_raw(0),
+        signaled: true,
+        solicited: false,
+    };
+    // SAFETY: as above.
+    unsafe { qa.post_send(&[w]).unwrap() };
+    assert_eq!(
+        ca.wait(1, Duration::from_secs(60)).unwrap()[0].status,
+        WcStatus::Success
+    );
+    let r = cb.wait(1, Duration::from_secs(60)).unwrap();
+    assert_eq!(
+        (r[0].wr_id, r[0].byte_len, r[0].imm_data),
+        (1, len as u32, 77)
+    );
+    assert!(dst.bytes().unwrap() == src.bytes().unwrap());
+}
