@@ -83,8 +83,32 @@ fn pair(opts: &Options) -> Result<Pair, String> {
     } else {
         (link(IP0, opts, 0)?, link(IP1, opts, 0x5EED)?)
     };
-    let a = Context::open_emulated(DeviceSpec::new("blue0", IP0), la).map_err(|e| e.to_string())?;
-    let b = Context::open_emulated(DeviceSpec::new("blue1", IP1), lb).map_err(|e| e.to_string())?;
+    // The out-of-band channel for SEND/RECV: TCP on the device IPs (port 60000 by the spec;
+    // `opts.port + 55209` so a test run does not need the well-known port), or the in-process
+    // hub with the in-memory link.
+    let (oa, ob): (
+        Box<dyn bluerdma_core::platform::OobTransport + Send>,
+        Box<dyn bluerdma_core::platform::OobTransport + Send>,
+    ) = if opts.in_memory {
+        let hub = crate::oob_hub::OobHub::new();
+        (Box::new(hub.attach(IP0)), Box::new(hub.attach(IP1)))
+    } else {
+        let port = if opts.port == 4792 {
+            crate::oob::OOB_PORT
+        } else {
+            opts.port.wrapping_add(55_209)
+        };
+        let tcp = |ip| {
+            let mut cfg = crate::oob::TcpOobConfig::new(ip);
+            cfg.port = port;
+            crate::oob::TcpOob::bind(cfg).map_err(|e| e.to_string())
+        };
+        (Box::new(tcp(IP0)?), Box::new(tcp(IP1)?))
+    };
+    let a = Context::open_emulated_with_oob(DeviceSpec::new("blue0", IP0), la, Some(oa))
+        .map_err(|e| e.to_string())?;
+    let b = Context::open_emulated_with_oob(DeviceSpec::new("blue1", IP1), lb, Some(ob))
+        .map_err(|e| e.to_string())?;
     Ok(Pair { a, b })
 }
 
@@ -241,6 +265,51 @@ fn scenario_imm(p: &Pair) -> Result<String, String> {
         )?;
     }
     Ok("0 B, 1 B, 4 KiB, 1 MiB: imm, byte_len and wr_id in the receive completion".into())
+}
+
+fn scenario_send(p: &Pair) -> Result<String, String> {
+    let c = connect(p, 1, 14, 7)?;
+    let mut src = c.pd_a.alloc_mr(4 << 20, ALL).map_err(|e| e.to_string())?;
+    fill(&mut src, 5);
+    let dst = c.pd_b.alloc_mr(4 << 20, ALL).map_err(|e| e.to_string())?;
+    let (qa, qb) = &c.qps[0];
+    for (k, len) in [0u32, 1, 4096, 65_537, 4 << 20].into_iter().enumerate() {
+        let r = RecvWr {
+            wr_id: 50 + k as u64,
+            addr: VirtAddr(dst.addr()),
+            len: 4 << 20,
+            lkey: dst.key(),
+        };
+        // SAFETY: the MR outlives the completion.
+        unsafe { qb.post_recv(&[r]) }.map_err(|(_, e)| e.to_string())?;
+        let op = if k % 2 == 0 {
+            SendOp::Send
+        } else {
+            SendOp::SendWithImm(k as u32)
+        };
+        let mut w = wr(k as u64, op, &src, 0, len, &dst, 0);
+        w.raddr = VirtAddr(0);
+        // SAFETY: both MRs outlive the completion.
+        unsafe { qa.post_send(&[w]) }.map_err(|(_, e)| e.to_string())?;
+        let s = wait_one(&c.cq_a, "SEND")?;
+        let r = wait_one(&c.cq_b, "RECV")?;
+        if s.status != WcStatus::Success
+            || r.status != WcStatus::Success
+            || r.byte_len != len
+            || r.opcode != WcOpcode::Recv
+        {
+            return Err(format!("{len} B: {s:?} / {r:?}"));
+        }
+        compare(
+            &format!("SEND {len} B"),
+            &src.bytes().unwrap_or(&[])[..len as usize],
+            &dst.bytes().unwrap_or(&[])[..len as usize],
+        )?;
+    }
+    Ok(
+        "0 B, 1 B, 4 KiB, 64 KiB + 1, 4 MiB into announced receive buffers: byte_len and bytes"
+            .into(),
+    )
 }
 
 fn scenario_read(p: &Pair) -> Result<String, String> {
@@ -513,9 +582,10 @@ fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
 pub fn run(opts: &Options, progress: &mut dyn FnMut(&Row)) -> Result<Vec<Row>, String> {
     let p = pair(opts)?;
     type Scenario = fn(&Pair) -> Result<String, String>;
-    let table: [(&str, Scenario); 5] = [
+    let table: [(&str, Scenario); 6] = [
         ("verbs WRITE 1 B .. 16 MiB", scenario_writes),
         ("verbs WRITE_WITH_IMM", scenario_imm),
+        ("verbs SEND/RECV over the OOB channel", scenario_send),
         ("verbs READ 3 MiB", scenario_read),
         ("verbs 64 QPs at once", scenario_multi_qp),
         ("verbs bad rkey -> RETRY_EXC_ERR", scenario_bad_rkey),
