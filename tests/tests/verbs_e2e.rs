@@ -315,3 +315,13 @@ fn state_dump_shows_rings_qps_mrs_and_counters() {
     assert!(d.contains("chunks: 1"), "{d}");
     assert!(d.contains("card: "), "{d}");
 }
+
+#[test]
+fn verbs_objects_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Context>();
+    check::<bluerdma_linux::Pd>();
+    check::<Mr>();
+    check::<bluerdma_linux::Cq>();
+    check::<Qp>();
+}
