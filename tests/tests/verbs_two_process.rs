@@ -42,8 +42,9 @@ struct Peer {
 impl Peer {
     /// Starts `verbs_peer` at `ip` on UDP `port`; returns it with its READY line, or the
     /// line that says why it could not start.
-    fn spawn(ip: Ipv4Addr, port: u16) -> Result<(Peer, String), String> {
+    fn spawn(ip: Ipv4Addr, port: u16, oob_port: u16) -> Result<(Peer, String), String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_verbs_peer"))
+            .env("VERBS_PEER_OOB_PORT", oob_port.to_string())
             .args([
                 ip.to_string(),
                 port.to_string(),
@@ -155,7 +156,18 @@ fn setup() -> (Local, Peer, Remote) {
     for _ in 0..5 {
         let link = UdpLink::bind(UdpLinkConfig::new(IP0).with_port(0)).expect("bind 127.0.0.1");
         let port = link.local_addr().port();
-        let (mut peer, ready) = match Peer::spawn(IP1, port) {
+        // The out-of-band channel (TCP) on a port free here; the child uses the same port
+        // on its own IP.
+        let oob_port = std::net::TcpListener::bind((IP0, 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free TCP port");
+        let mut cfg = bluerdma_linux::oob::TcpOobConfig::new(IP0);
+        cfg.port = oob_port;
+        let Ok(oob) = bluerdma_linux::oob::TcpOob::bind(cfg) else {
+            continue;
+        };
+        let (mut peer, ready) = match Peer::spawn(IP1, port, oob_port) {
             Ok(p) => p,
             Err(why) => {
                 last = why;
@@ -163,8 +175,12 @@ fn setup() -> (Local, Peer, Remote) {
             }
         };
         let remote = parse_ready(&ready);
-        let ctx = Context::open_emulated(DeviceSpec::new("blue0", IP0), Box::new(link))
-            .expect("open the local device");
+        let ctx = Context::open_emulated_with_oob(
+            DeviceSpec::new("blue0", IP0),
+            Box::new(link),
+            Some(Box::new(oob)),
+        )
+        .expect("open the local device");
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq().unwrap();
         let qp = pd.create_qp(&cq, &cq).unwrap();
@@ -294,4 +310,97 @@ fn read_of_1_and_16_mib_from_another_process_arrives_intact() {
         );
     }
     peer.quit();
+}
+
+#[test]
+fn send_of_1_and_16_mib_to_another_process_lands_in_its_posted_receives() {
+    let (mut local, mut peer, _remote) = setup();
+    // The child posts two receives; they travel to us over the TCP out-of-band channel.
+    assert_eq!(peer.ask(&format!("RECV wr=1 off=0 len={}", MIB + 64)), "OK");
+    assert_eq!(
+        peer.ask(&format!("RECV wr=2 off={} len={}", 2 * MIB, 16 * MIB)),
+        "OK"
+    );
+    for (k, (wr_id, len, roff)) in [(1u64, MIB, 0usize), (2, 16 * MIB, 2 * MIB)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 0x5E4D + k as u32;
+        fill_pattern(&mut local.mr.bytes_mut().unwrap()[..len], seed, 0);
+        let mut wr = raw_wr(
+            wr_id,
+            SendOp::Send,
+            (local.mr.addr(), local.mr.key()),
+            len,
+            (0, MrKey::from_raw(0)),
+        );
+        wr.signaled = true;
+        // SAFETY: the local MR outlives the completion awaited here.
+        unsafe { local.qp.post_send(&[wr]) }.unwrap();
+        let wc = local.cq.wait(1, STEP).unwrap();
+        assert_eq!(
+            wc.len(),
+            1,
+            "SEND of {len} B completes\n{}",
+            local.ctx.dump()
+        );
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status, wc[0].opcode),
+            (wr_id, WcStatus::Success, WcOpcode::Send)
+        );
+        assert_eq!(
+            peer.ask("WAITRECV"),
+            format!("RECVD wr={wr_id} len={len} status=0")
+        );
+        assert_eq!(
+            peer.ask(&format!("CHECK off={roff} len={len} seed={seed}")),
+            "OK",
+            "every byte of the {len} B SEND"
+        );
+    }
+    peer.quit();
+}
+
+#[test]
+fn peer_killed_mid_stream_flushes_the_waiting_send() {
+    let (local, mut peer, _remote) = setup();
+    // Make sure the out-of-band connection exists: one receive, one SEND that uses it.
+    assert_eq!(peer.ask("RECV wr=1 off=0 len=64"), "OK");
+    let mut wr = raw_wr(
+        1,
+        SendOp::Send,
+        (local.mr.addr(), local.mr.key()),
+        8,
+        (0, MrKey::from_raw(0)),
+    );
+    wr.signaled = true;
+    // SAFETY: the local MR outlives the completions awaited here.
+    unsafe { local.qp.post_send(&[wr]) }.unwrap();
+    assert_eq!(local.cq.wait(1, STEP).unwrap()[0].status, WcStatus::Success);
+    // A SEND with no receive waits (RNR, forever); then the peer dies.
+    wr.wr_id = 2;
+    // SAFETY: as above.
+    unsafe { local.qp.post_send(&[wr]) }.unwrap();
+    assert!(
+        local
+            .cq
+            .wait(1, Duration::from_millis(100))
+            .unwrap()
+            .is_empty(),
+        "waits for a receive"
+    );
+    peer.child.kill().unwrap();
+    let wc = local.cq.wait(1, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        wc.len(),
+        1,
+        "the lost peer ends the wait\n{}",
+        local.ctx.dump()
+    );
+    assert_eq!((wc[0].wr_id, wc[0].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(local.ctx.stats().peers_lost, 1);
+    assert_eq!(
+        local.qp.query().unwrap().state,
+        bluerdma_core::qp::QpState::Err
+    );
 }

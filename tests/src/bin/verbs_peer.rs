@@ -11,7 +11,14 @@
 //! - `CHECK off=<n> len=<n> seed=<n>`: compares the MR with pattern `seed`; answers `OK`
 //!   or `MISMATCH at=<offset> got=<byte> want=<byte>`.
 //! - `ZERO off=<n> len=<n>`: checks the bytes are untouched; answers `OK` or `DIRTY at=<n>`.
+//! - `RECV wr=<n> off=<n> len=<n>`: posts a receive WR on that part of the MR (announced to
+//!   the peer over the out-of-band channel); answers `OK`.
+//! - `WAITRECV`: waits for one receive completion; answers
+//!   `RECVD wr=<n> len=<byte_len> status=<code>` or `ERR`.
 //! - `DUMP`: answers the device's state dump on one line (` | ` between its lines).
+//!
+//! With `VERBS_PEER_OOB_PORT` set, the device also opens the out-of-band channel (TCP on
+//! its IP at that port), so SEND/RECV work.
 //! - `QUIT`, or the end of stdin: exits 0.
 //!
 //! A bad line is answered `ERR <why>`. Whatever happens, the process exits after
@@ -56,7 +63,17 @@ fn main() {
             exit(1);
         }
     };
-    let ctx = Context::open_emulated(DeviceSpec::new("peer", ip), Box::new(link))
+    let oob = std::env::var("VERBS_PEER_OOB_PORT")
+        .ok()
+        .and_then(|p| p.parse::<u16>().ok())
+        .map(|p| {
+            let mut cfg = bluerdma_linux::oob::TcpOobConfig::new(ip);
+            cfg.port = p;
+            let oob = bluerdma_linux::oob::TcpOob::bind(cfg)
+                .unwrap_or_else(|e| fail(&format!("oob: {e}")));
+            Box::new(oob) as Box<dyn bluerdma_core::platform::OobTransport + Send>
+        });
+    let ctx = Context::open_emulated_with_oob(DeviceSpec::new("peer", ip), Box::new(link), oob)
         .unwrap_or_else(|e| fail(&format!("open: {e}")));
     let pd = ctx.alloc_pd().unwrap_or_else(|e| fail(&format!("{e}")));
     let cq = ctx.create_cq().unwrap_or_else(|e| fail(&format!("{e}")));
@@ -84,6 +101,8 @@ fn main() {
             Some("CHECK") => check(&mr, &line),
             Some("ZERO") => zero(&mr, &line),
             Some("DUMP") => Ok(ctx.dump().trim_end().replace('\n', " | ")),
+            Some("RECV") => recv(&qp, &mr, &line),
+            Some("WAITRECV") => wait_recv(&cq),
             _ => Err(format!("unknown command {line:?}")),
         };
         let _ = match reply {
@@ -158,6 +177,30 @@ fn check(mr: &Mr, line: &str) -> Result<String, String> {
             pattern_byte(seed, i as u64)
         ),
     })
+}
+
+fn recv(qp: &Qp, mr: &Mr, line: &str) -> Result<String, String> {
+    let r = range(mr.len(), line)?;
+    let wr = bluerdma_core::engine::RecvWr {
+        wr_id: num(line, "wr")?,
+        addr: bluerdma_core::addr::VirtAddr(mr.addr() + r.start as u64),
+        len: r.len() as u32,
+        lkey: mr.key(),
+    };
+    // SAFETY: the MR lives until the process exits.
+    unsafe { qp.post_recv(&[wr]) }.map_err(|(_, e)| e.to_string())?;
+    Ok("OK".into())
+}
+
+fn wait_recv(cq: &bluerdma_linux::Cq) -> Result<String, String> {
+    let got = cq
+        .wait(1, Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    let w = got.first().ok_or("no receive completion within 30 s")?;
+    Ok(format!(
+        "RECVD wr={} len={} status={}",
+        w.wr_id, w.byte_len, w.status as u32
+    ))
 }
 
 fn zero(mr: &Mr, line: &str) -> Result<String, String> {
