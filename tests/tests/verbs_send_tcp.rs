@@ -1,6 +1,7 @@
 //! SEND/RECV with the receive WRs announced over the real out-of-band channel (TCP), two
-//! devices on distinct IPs in one process: sizes up to 16 MiB, 256 QPs with random-size
-//! messages over exactly one TCP connection per IP pair, completions in order.
+//! devices on distinct IPs in one process: sizes up to 16 MiB, 256 QPs with 100 096
+//! random-size messages (391 rounds; `BLUERDMA_SEND_ROUNDS` changes it) over exactly one TCP
+//! connection per IP pair, every byte and byte_len checked.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -66,7 +67,10 @@ fn many_qps_send_random_sizes_over_one_oob_connection() {
             .unwrap();
         qps.push((qa, qb));
     }
-    let rounds = 8;
+    let rounds: usize = std::env::var("BLUERDMA_SEND_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(391);
     let mut seed = 0x1234_5678u64;
     let mut next = || {
         seed ^= seed << 13;
