@@ -8,6 +8,8 @@
 //!   the send ring, timed around `post_send` only.
 //! - WRITE bandwidth: 1 MiB WRITEs, 8 in flight, over the UDP link, vs a TCP stream.
 //! - 8 B WRITE ping-pong latency (each side waits on its buffer) vs TCP ping-pong of 8 B.
+//! - SEND/RECV (receive WRs announced over the TCP out-of-band channel): 64 B message rate
+//!   vs 64 B messages on a TCP stream, and 8 B SEND ping-pong vs TCP ping-pong.
 //! - Idle CPU: two devices open with a connected QP pair and nothing to do.
 
 use std::thread;
@@ -37,6 +39,11 @@ fn main() {
     let iters = (2_000.0 * seconds) as u32 + 100;
     let tcp_lat = tcp_pingpong_us(iters);
     let lat = write_latency(&a, &b, iters);
+    let (sa, sb) = fresh_pair(&ctx_a, &ctx_b);
+    let send_mps = send_rate(&sa, &sb, 64, seconds);
+    let tcp_mps = tcp_message_rate(64, seconds);
+    let (sa, sb) = fresh_pair(&ctx_a, &ctx_b);
+    let send_lat = send_latency(&sa, &sb, iters);
 
     thread::sleep(Duration::from_millis(300));
     let cpu0 = cpu_seconds();
@@ -76,6 +83,20 @@ fn main() {
         lat,
         tcp_lat,
         lat / tcp_lat
+    );
+    println!(
+        "{:<42} {:>10.0} k/s {:>10.0} k/s {:>7.2}x",
+        "SEND 64 B message rate vs TCP 64 B messages",
+        send_mps / 1e3,
+        tcp_mps / 1e3,
+        send_mps / tcp_mps
+    );
+    println!(
+        "{:<42} {:>12.1} us {:>12.1} us {:>7.2}x",
+        "8 B SEND ping-pong (half RTT) vs TCP",
+        send_lat,
+        tcp_lat,
+        send_lat / tcp_lat
     );
     println!(
         "{:<42} {:>13.1} % {:>14} {:>8}",

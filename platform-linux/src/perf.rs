@@ -35,14 +35,23 @@ pub struct Side {
     pub qp: Qp,
 }
 
-/// Two devices blue0 (127.0.0.1) and blue1 (127.0.0.2) on the UDP link at `port`, with a
-/// connected QP pair.
+/// Two devices blue0 (127.0.0.1) and blue1 (127.0.0.2) on the UDP link at `port`, with the
+/// out-of-band channel over TCP at `port + 1`, and a connected QP pair.
 pub fn open_udp_pair(port: u16) -> (Context, Context, Side, Side) {
     let link = |ip| {
         Box::new(UdpLink::bind(UdpLinkConfig::new(ip).with_port(port)).expect("bind UDP link"))
     };
-    let a = Context::open_emulated(DeviceSpec::new("blue0", IP0), link(IP0)).expect("open blue0");
-    let b = Context::open_emulated(DeviceSpec::new("blue1", IP1), link(IP1)).expect("open blue1");
+    let oob = |ip| -> Option<Box<dyn bluerdma_core::platform::OobTransport + Send>> {
+        let mut cfg = crate::oob::TcpOobConfig::new(ip);
+        cfg.port = port.wrapping_add(1);
+        Some(Box::new(
+            crate::oob::TcpOob::bind(cfg).expect("bind the OOB channel"),
+        ))
+    };
+    let a = Context::open_emulated_with_oob(DeviceSpec::new("blue0", IP0), link(IP0), oob(IP0))
+        .expect("open blue0");
+    let b = Context::open_emulated_with_oob(DeviceSpec::new("blue1", IP1), link(IP1), oob(IP1))
+        .expect("open blue1");
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
     let qa = pa.create_qp(&ca, &ca).unwrap();
@@ -52,6 +61,29 @@ pub fn open_udp_pair(port: u16) -> (Context, Context, Side, Side) {
     (
         a,
         b,
+        Side {
+            pd: pa,
+            cq: ca,
+            qp: qa,
+        },
+        Side {
+            pd: pb,
+            cq: cb,
+            qp: qb,
+        },
+    )
+}
+
+/// A new connected QP pair (with its own PDs and CQs) on two open devices, so that one
+/// measurement's leftover receive WRs and completions do not leak into the next.
+pub fn fresh_pair(a: &Context, b: &Context) -> (Side, Side) {
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
+    let qa = pa.create_qp(&ca, &ca).unwrap();
+    let qb = pb.create_qp(&cb, &cb).unwrap();
+    qa.connect(qb.endpoint(0), 0, 16, 7).unwrap();
+    qb.connect(qa.endpoint(0), 0, 16, 7).unwrap();
+    (
         Side {
             pd: pa,
             cq: ca,
@@ -235,6 +267,129 @@ pub fn tcp_stream_gbps(seconds: f64) -> f64 {
     drop(s);
     let total = reader.join().unwrap();
     total as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// SEND messages of `len` bytes per second: the receiver keeps 256 receive WRs posted, the
+/// sender keeps up to 64 SENDs in flight (one signaled in 16).
+pub fn send_rate(a: &Side, b: &Side, len: u32, seconds: f64) -> f64 {
+    use bluerdma_core::engine::RecvWr;
+    let src = a.pd.alloc_mr(4096, ALL).unwrap();
+    let dst = b.pd.alloc_mr(256 * 4096, ALL).unwrap();
+    let recv = |k: u64| RecvWr {
+        wr_id: k,
+        addr: VirtAddr(dst.addr() + (k % 256) * 4096),
+        len: 4096,
+        lkey: dst.key(),
+    };
+    let mut posted_recv = 0u64;
+    while posted_recv < 256 {
+        // SAFETY: the MR outlives every completion (drained below).
+        unsafe { b.qp.post_recv(&[recv(posted_recv)]).expect("post_recv") };
+        posted_recv += 1;
+    }
+    let (mut sent, mut received, mut signaled_out) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(seconds);
+    let mut wc = [WorkCompletion::EMPTY; 64];
+    while Instant::now() < end {
+        while signaled_out < 4 && sent - received < 64 {
+            let mut w = write(sent, &src, 0, len, &src, 0, sent % 16 == 15);
+            w.op = SendOp::Send;
+            // SAFETY: the MRs outlive every completion.
+            unsafe { a.qp.post_send(&[w]).expect("post SEND") };
+            if sent % 16 == 15 {
+                signaled_out += 1;
+            }
+            sent += 1;
+        }
+        let n = a.cq.poll(&mut wc).unwrap();
+        signaled_out -= n as u64;
+        let r = b.cq.poll(&mut wc).unwrap();
+        received += r as u64;
+        for _ in 0..r {
+            // SAFETY: as above.
+            unsafe { b.qp.post_recv(&[recv(posted_recv)]).expect("repost") };
+            posted_recv += 1;
+        }
+        if n == 0 && r == 0 {
+            thread::yield_now();
+        }
+    }
+    received as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Half round trip of 8 B SEND ping-pong (each side waits for its receive completion), in
+/// microseconds.
+pub fn send_latency(a: &Side, b: &Side, iters: u32) -> f64 {
+    use bluerdma_core::engine::RecvWr;
+    let buf_a = a.pd.alloc_mr(4096, ALL).unwrap();
+    let buf_b = b.pd.alloc_mr(4096, ALL).unwrap();
+    let post_recv = |s: &Side, mr: &Mr, k: u64| {
+        let r = RecvWr {
+            wr_id: k,
+            addr: VirtAddr(mr.addr()),
+            len: 64,
+            lkey: mr.key(),
+        };
+        // SAFETY: the MRs outlive every completion.
+        unsafe { s.qp.post_recv(&[r]).expect("post_recv") };
+    };
+    let send = |s: &Side, mr: &Mr, k: u64| {
+        let mut w = write(k, mr, 64, 8, mr, 0, true);
+        w.op = SendOp::Send;
+        // SAFETY: as above.
+        unsafe { s.qp.post_send(&[w]).expect("post SEND") };
+    };
+    // Each side's CQ carries its SEND and its receive completions: wait for both.
+    let wait = |cq: &Cq| drain(cq, 2);
+    post_recv(a, &buf_a, 0);
+    post_recv(b, &buf_b, 0);
+    let t = thread::scope(|s| {
+        let echo = s.spawn(|| {
+            for k in 1..=iters as u64 {
+                let got = b.cq.wait(1, Duration::from_secs(30)).expect("poll");
+                assert_eq!(got.len(), 1, "echo: a message");
+                post_recv(b, &buf_b, k);
+                send(b, &buf_b, k);
+                drain(&b.cq, 1);
+            }
+        });
+        let start = Instant::now();
+        for k in 1..=iters as u64 {
+            send(a, &buf_a, k);
+            wait(&a.cq);
+            post_recv(a, &buf_a, k);
+        }
+        let t = start.elapsed();
+        echo.join().unwrap();
+        t
+    });
+    t.as_secs_f64() * 1e6 / iters as f64 / 2.0
+}
+
+/// 64-byte messages per second over a TCP loopback stream (the baseline of [`send_rate`]).
+pub fn tcp_message_rate(len: usize, seconds: f64) -> f64 {
+    let listener = TcpListener::bind((IP0, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reader = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; len];
+        let mut n = 0u64;
+        while s.read_exact(&mut buf).is_ok() {
+            n += 1;
+        }
+        n
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let msg = vec![1u8; len];
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        s.write_all(&msg).unwrap();
+    }
+    drop(s);
+    let n = reader.join().unwrap();
+    n as f64 / start.elapsed().as_secs_f64()
 }
 
 /// TCP ping-pong of 8 B over loopback, half round trip in microseconds (the baseline).

@@ -565,6 +565,34 @@ fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
         ),
     });
     let t = Instant::now();
+    let (sa, sb) = perf::fresh_pair(&p.a, &p.b);
+    let rate = perf::send_rate(&sa, &sb, 64, 1.0);
+    let tcp = perf::tcp_message_rate(64, 1.0);
+    rows.push(Row {
+        name: "SEND 64 B message rate".into(),
+        ok: true,
+        time: t.elapsed(),
+        notes: format!(
+            "{:.0} k/s vs TCP 64 B messages {:.0} k/s = {:.2}x",
+            rate / 1e3,
+            tcp / 1e3,
+            rate / tcp
+        ),
+    });
+    let t = Instant::now();
+    let (sa, sb) = perf::fresh_pair(&p.a, &p.b);
+    let lat = perf::send_latency(&sa, &sb, 1_000);
+    let tcp = perf::tcp_pingpong_us(1_000);
+    rows.push(Row {
+        name: "8 B SEND latency".into(),
+        ok: true,
+        time: t.elapsed(),
+        notes: format!(
+            "{lat:.1} us vs TCP ping-pong {tcp:.1} us (half RTT) = {:.2}x",
+            lat / tcp
+        ),
+    });
+    let t = Instant::now();
     let lat = perf::write_latency(&a, &b, 2_000);
     let tcp = perf::tcp_pingpong_us(2_000);
     rows.push(Row {

@@ -238,8 +238,8 @@ pub const MSG_QUEUE: usize = 64;
 pub const LOST_TRACKED: usize = 64;
 /// FIRST packets remembered per QP (their RETH carries the message length).
 pub const FIRSTS_TRACKED: usize = 32;
-/// Locally posted receive WRs per QP.
-pub const RECV_QUEUE: usize = 64;
+/// Receive WRs per QP (posted locally, and announced by the peer): perftest posts up to 512.
+pub const RECV_QUEUE: usize = 512;
 
 /// A queue pair.
 #[derive(Clone, Debug)]
