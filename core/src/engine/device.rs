@@ -25,7 +25,7 @@ use crate::ring::{
     ConsumerRing, Popped, ProducerRing, RingMemory, RingRegs, RING_ALIGN, RING_BYTES,
 };
 use crate::time::{Instant, Nanos};
-use crate::transport::{num_packets, Fragmenter, PacketFragmenter, Psn, PsnRange, WrSpan};
+use crate::transport::{num_packets, Chunk, Fragmenter, PacketFragmenter, Psn, PsnRange, WrSpan};
 use crate::wire::{AckVerdict, DriverAckFrame};
 
 use super::card_reset::{still_fresh, trusted_bits, RESET_PHANTOMS};
@@ -1330,23 +1330,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 break;
             };
             for c in frag {
-                if n + 2 > BATCH {
-                    self.flush_send(&batch[..n]);
-                    n = 0;
-                }
-                let req = self.chunk_request(
-                    &q,
-                    &w,
-                    c.laddr.0,
-                    c.raddr.0,
-                    c.len,
-                    c.psn.get(),
-                    c.is_first,
-                    c.is_last,
-                    false,
-                );
-                encode_pair(&req, &mut batch, n);
-                n += 2;
+                n = self.append_chunk(&q, &w, &c, &mut batch, n, false);
                 self.stats.chunks += 1;
             }
             let s = self.storage.slices();
@@ -1374,19 +1358,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn chunk_request(
-        &self,
-        q: &QpSlot,
-        w: &Wqe,
-        laddr: u64,
-        raddr: u64,
-        len: u32,
-        psn: u32,
-        first: bool,
-        last: bool,
-        retry: bool,
-    ) -> SendRequest {
+    /// The send request (Seg0 + Seg1) of one chunk of `w`.
+    fn chunk_request(&self, q: &QpSlot, w: &Wqe, c: &Chunk) -> SendRequest {
         let mut flags = SendFlags::SIGNALED; // AckReq on every packet (correction 13)
         if w.solicited {
             flags |= SendFlags::SOLICITED;
@@ -1398,28 +1371,28 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 flags,
                 dqpn: q.dest_qpn,
                 qp_type: QpType::Rc,
-                psn,
-                raddr: VirtAddr(raddr),
+                psn: c.psn.get(),
+                raddr: c.raddr,
                 dqp_ip: q.peer_ip,
                 rkey: MrKey::from_raw(w.rkey),
                 total_len: w.len,
                 msn: w.msn,
             },
             seg1: SendSeg1 {
-                laddr: VirtAddr(laddr),
+                laddr: c.laddr,
                 len: if op == WorkReqOpcode::Read {
                     w.len
                 } else {
-                    len
+                    c.len
                 },
                 lkey: MrKey::from_raw(w.lkey),
                 sqpn: q.qpn,
                 mac: q.peer_mac,
                 imm: w.imm,
                 enable_ecn: false,
-                is_retry: retry,
-                is_last: last,
-                is_first: first,
+                is_retry: c.is_retry,
+                is_last: c.is_last,
+                is_first: c.is_first,
                 pmtu: q.pmtu,
             },
         }
@@ -1941,37 +1914,24 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 psns.end(),
             );
             if w.op == Some(WorkReqOpcode::Read) || w.len == 0 {
-                let req =
-                    self.chunk_request(&q, &w, w.laddr, w.raddr, w.len, w.psn, true, true, true);
-                if n + 2 > BATCH {
-                    self.flush_send_checked(&batch[..n]);
-                    n = 0;
-                }
-                encode_pair(&req, &mut batch, n);
-                n += 2;
+                let whole = Chunk {
+                    laddr: VirtAddr(w.laddr),
+                    raddr: VirtAddr(w.raddr),
+                    len: w.len,
+                    psn: Psn::from_raw(w.psn),
+                    packets: w.npsn,
+                    is_first: true,
+                    is_last: true,
+                    is_retry: true,
+                };
+                n = self.append_chunk(&q, &w, &whole, &mut batch, n, true);
                 continue;
             }
             let Ok(frag) = PacketFragmenter::new(span, q.pmtu, range) else {
                 continue;
             };
             for c in frag {
-                if n + 2 > BATCH {
-                    self.flush_send_checked(&batch[..n]);
-                    n = 0;
-                }
-                let req = self.chunk_request(
-                    &q,
-                    &w,
-                    c.laddr.0,
-                    c.raddr.0,
-                    c.len,
-                    c.psn.get(),
-                    c.is_first,
-                    c.is_last,
-                    true,
-                );
-                encode_pair(&req, &mut batch, n);
-                n += 2;
+                n = self.append_chunk(&q, &w, &c, &mut batch, n, true);
             }
         }
         if n > 0 {
@@ -1979,6 +1939,32 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         let q = &mut self.storage.slices().qps[i];
         q.deadline = timeout_of(q).map(|t| now + t);
+    }
+
+    /// Adds one chunk's two descriptors to `batch` (holding `n`), flushing it to the send
+    /// ring first when full; a retransmission (`retry`) waits for ring space. Returns the new
+    /// fill.
+    fn append_chunk(
+        &mut self,
+        q: &QpSlot,
+        w: &Wqe,
+        c: &Chunk,
+        batch: &mut [RawDesc; BATCH],
+        n: usize,
+        retry: bool,
+    ) -> usize {
+        let mut n = n;
+        if n + 2 > BATCH {
+            if retry {
+                self.flush_send_checked(&batch[..n]);
+            } else {
+                self.flush_send(&batch[..n]);
+            }
+            n = 0;
+        }
+        let req = self.chunk_request(q, w, c);
+        encode_pair(&req, batch, n);
+        n + 2
     }
 
     fn flush_send_checked(&mut self, descs: &[RawDesc]) {
