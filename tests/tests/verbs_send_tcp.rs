@@ -1,7 +1,8 @@
 //! SEND/RECV with the receive WRs announced over the real out-of-band channel (TCP), two
 //! devices on distinct IPs in one process: sizes up to 16 MiB, 256 QPs with 100 096
 //! random-size messages (391 rounds; `BLUERDMA_SEND_ROUNDS` changes it) over exactly one TCP
-//! connection per IP pair, every byte and byte_len checked.
+//! connection per IP pair, every byte and byte_len checked; and (ignored: a known defect)
+//! receive completions in posting order with many SENDs in flight per QP.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -187,4 +188,97 @@ fn send_of_16_mib_over_the_tcp_channel() {
         (1, len as u32, 77)
     );
     assert!(dst.bytes().unwrap() == src.bytes().unwrap());
+}
+
+/// With many SENDs in flight per QP, SEND i lands in the buffer of receive WR i and the
+/// receive completions of each QP come in posting order (the IB rule that applications
+/// rely on to match messages to buffers), over the TCP channel.
+///
+/// KNOWN DEFECT (issue D note): the receiver loses completions. With 200 SENDs in flight on
+/// a QP, more than `MSG_QUEUE` (64) messages wait behind a gap; the engine drops the
+/// completion but the PSN is still acknowledged, so the sender sees success and the
+/// receiver gets about 55 % of its completions. Run with `--ignored` to reproduce.
+#[test]
+#[ignore = "known defect: receive completions lost when >64 messages wait behind a gap"]
+fn many_sends_in_flight_consume_receive_wrs_in_posting_order() {
+    let base = 50_000 + (std::process::id() % 10_000) as u16;
+    let a = open("blue0", IP0, base, base + 1);
+    let b = open("blue1", IP1, base, base + 1);
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
+    let (nqp, per_qp, slot) = (4usize, 200usize, 2048usize);
+    let mut src = pa
+        .alloc_mr(nqp * per_qp * slot, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let dst = pb
+        .alloc_mr(nqp * per_qp * slot, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    for (i, x) in src.bytes_mut().unwrap().iter_mut().enumerate() {
+        *x = (i / slot) as u8 ^ (i % 251) as u8;
+    }
+    let mut qps = Vec::new();
+    for k in 0..nqp as u32 {
+        let qa = pa.create_qp(&ca, &ca).unwrap();
+        let qb = pb.create_qp(&cb, &cb).unwrap();
+        qa.connect(qb.endpoint(k * 10), k * 20, 16, 7).unwrap();
+        qb.connect(qa.endpoint(k * 20), k * 10, 16, 7).unwrap();
+        qps.push((qa, qb));
+    }
+    // Message m of QP k: slot k*per_qp+m, a length that differs from its neighbours'.
+    let len_of = |k: usize, m: usize| ((k * 397 + m * 131) % (slot - 1) + 1) as u32;
+    for (k, (qa, qb)) in qps.iter().enumerate() {
+        for m in 0..per_qp {
+            let off = ((k * per_qp + m) * slot) as u64;
+            let r = RecvWr {
+                wr_id: (k * per_qp + m) as u64,
+                addr: VirtAddr(dst.addr() + off),
+                len: slot as u32,
+                lkey: dst.key(),
+            };
+            // SAFETY: the MRs outlive the completions.
+            unsafe { qb.post_recv(&[r]).unwrap() };
+        }
+        // All SENDs of the QP at once, so many are in flight together.
+        let sends: Vec<SendWr> = (0..per_qp)
+            .map(|m| SendWr {
+                wr_id: (k * per_qp + m) as u64,
+                op: SendOp::Send,
+                laddr: VirtAddr(src.addr() + ((k * per_qp + m) * slot) as u64),
+                len: len_of(k, m),
+                lkey: src.key(),
+                raddr: VirtAddr(0),
+                rkey: bluerdma_core::keys::MrKey::from_raw(0),
+                signaled: true,
+                solicited: false,
+            })
+            .collect();
+        // SAFETY: as above.
+        unsafe { qa.post_send(&sends).unwrap() };
+    }
+    let total = nqp * per_qp;
+    let sent = ca.wait(total, Duration::from_secs(60)).unwrap();
+    assert_eq!(sent.len(), total, "{:?}", a.stats());
+    assert!(sent.iter().all(|w| w.status == WcStatus::Success));
+    let got = cb.wait(total, Duration::from_secs(60)).unwrap();
+    assert_eq!(got.len(), total, "{}", b.dump());
+    let mut next = vec![0usize; nqp];
+    for r in &got {
+        let (k, m) = (r.wr_id as usize / per_qp, r.wr_id as usize % per_qp);
+        assert_eq!(
+            m, next[k],
+            "QP {k}: receive completions out of posting order"
+        );
+        next[k] += 1;
+        assert_eq!(
+            (r.status, r.opcode, r.byte_len),
+            (WcStatus::Success, WcOpcode::Recv, len_of(k, m)),
+            "QP {k} message {m}"
+        );
+        let off = (k * per_qp + m) * slot;
+        let len = len_of(k, m) as usize;
+        assert!(
+            dst.bytes().unwrap()[off..off + len] == src.bytes().unwrap()[off..off + len],
+            "QP {k}: message {m} is not in the buffer of receive WR {m}"
+        );
+    }
 }
