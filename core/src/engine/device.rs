@@ -1256,14 +1256,25 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let mut batch = [RawDesc::ZERO; BATCH];
         let mut n = 0usize;
         loop {
-            let (mut w, q, idx) = {
+            // Copies of the few fields used below: the slot itself, with its receive
+            // queues, is tens of KiB and must not be copied per WQE.
+            let (mut w, path, idx, sq_sent, next_psn, next_msn, acked_psn) = {
                 let s = self.storage.slices();
-                let q = s.qps[i].clone();
+                let q = &s.qps[i];
                 if q.sq_sent >= q.sq_len || q.state != QpState::Rts && q.state != QpState::Sqd {
                     break;
                 }
                 let idx = i * depth + ((q.sq_head + q.sq_sent) as usize % depth);
-                (s.wqes[idx], q, idx)
+                let p = Path::of(q);
+                (
+                    s.wqes[idx],
+                    p,
+                    idx,
+                    q.sq_sent,
+                    q.next_psn,
+                    q.next_msn,
+                    q.acked_psn,
+                )
             };
             if w.state == WqeState::Pending && w.needs_recv {
                 // Match the peer's next announced receive WR (oob-channel.md), or wait for
@@ -1280,7 +1291,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 if is_send && w.len > r.length {
                     // Too long for the receive buffer: only once it is the oldest request,
                     // so the error completes the right WR.
-                    if q.sq_sent == 0 {
+                    if sq_sent == 0 {
                         self.storage.slices().qps[i].remote_recvs.pop_front();
                         self.fail_qp(i, WcStatus::RemInvReqErr);
                     }
@@ -1301,14 +1312,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 w.npsn = if w.op == Some(WorkReqOpcode::Read) {
                     1
                 } else {
-                    num_packets(w.raddr, w.len, q.pmtu)
+                    num_packets(w.raddr, w.len, path.pmtu)
                 };
-                w.psn = q.next_psn.get();
-                w.msn = q.next_msn;
+                w.psn = next_psn.get();
+                w.msn = next_msn;
             }
             // The send window: packets in flight (sent, not acknowledged) stay bounded, so a
             // fast sender does not overrun the link; the rest waits for ACKs.
-            let outstanding = q.acked_psn.forward_distance(Psn::from_raw(w.psn));
+            let outstanding = acked_psn.forward_distance(Psn::from_raw(w.psn));
             if outstanding > 0 && outstanding + w.npsn > window {
                 self.storage.slices().wqes[idx] = w;
                 break;
@@ -1325,12 +1336,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     break;
                 }
             }
-            let Ok(frag) = Fragmenter::new(span_of(&w), q.pmtu, CHUNK_BYTES) else {
+            let Ok(frag) = Fragmenter::new(span_of(&w), path.pmtu, CHUNK_BYTES) else {
                 self.storage.slices().wqes[idx] = w;
                 break;
             };
             for c in frag {
-                n = self.append_chunk(&q, &w, &c, &mut batch, n, false);
+                n = self.append_chunk(&path, &w, &c, &mut batch, n, false);
                 self.stats.chunks += 1;
             }
             let s = self.storage.slices();
@@ -1359,7 +1370,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 
     /// The send request (Seg0 + Seg1) of one chunk of `w`.
-    fn chunk_request(&self, q: &QpSlot, w: &Wqe, c: &Chunk) -> SendRequest {
+    fn chunk_request(&self, q: &Path, w: &Wqe, c: &Chunk) -> SendRequest {
         let mut flags = SendFlags::SIGNALED; // AckReq on every packet (correction 13)
         if w.solicited {
             flags |= SendFlags::SOLICITED;
@@ -1886,16 +1897,19 @@ impl<P: Platform, S: Storage> Device<P, S> {
     fn resend(&mut self, i: usize, from: Psn, now: Instant, reads_too: bool) {
         self.stats.retransmits += 1;
         let depth = self.storage.sq_depth();
-        let q = self.storage.slices().qps[i].clone();
-        let from = if from.is_before(q.acked_psn) {
-            q.acked_psn
+        let (path, acked_psn, sq_sent, sq_head) = {
+            let q = &self.storage.slices().qps[i];
+            (Path::of(q), q.acked_psn, q.sq_sent, q.sq_head)
+        };
+        let from = if from.is_before(acked_psn) {
+            acked_psn
         } else {
             from
         };
         let mut batch = [RawDesc::ZERO; BATCH];
         let mut n = 0usize;
-        for k in 0..q.sq_sent {
-            let w = self.storage.slices().wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+        for k in 0..sq_sent {
+            let w = self.storage.slices().wqes[i * depth + ((sq_head + k) as usize % depth)];
             let read_waiting = reads_too && w.op == Some(WorkReqOpcode::Read) && !w.read_done;
             if w.state != WqeState::Sent && !read_waiting {
                 continue;
@@ -1924,14 +1938,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     is_last: true,
                     is_retry: true,
                 };
-                n = self.append_chunk(&q, &w, &whole, &mut batch, n, true);
+                n = self.append_chunk(&path, &w, &whole, &mut batch, n, true);
                 continue;
             }
-            let Ok(frag) = PacketFragmenter::new(span, q.pmtu, range) else {
+            let Ok(frag) = PacketFragmenter::new(span, path.pmtu, range) else {
                 continue;
             };
             for c in frag {
-                n = self.append_chunk(&q, &w, &c, &mut batch, n, true);
+                n = self.append_chunk(&path, &w, &c, &mut batch, n, true);
             }
         }
         if n > 0 {
@@ -1946,7 +1960,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// fill.
     fn append_chunk(
         &mut self,
-        q: &QpSlot,
+        q: &Path,
         w: &Wqe,
         c: &Chunk,
         batch: &mut [RawDesc; BATCH],
@@ -2253,7 +2267,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 
     fn ack_frame(&mut self, i: usize, base: Psn, verdict: AckVerdict) -> Option<RawDesc> {
-        let q = self.storage.slices().qps[i].clone();
+        let q = Path::of(&self.storage.slices().qps[i]);
         let frame = DriverAckFrame {
             src_mac: self.cfg.mac,
             dst_mac: q.peer_mac,
@@ -2409,6 +2423,29 @@ fn push_msg(q: &mut QpSlot, m: MsgEnd) {
     }
     if q.msgs.push_back(m).is_err() {
         core_error!("QP {}: message queue full, completion lost", q.qpn.get());
+    }
+}
+
+/// What a packet of a QP needs from its slot: the two ends and the PMTU. Copied out so the
+/// transmit and ACK paths do not copy the whole slot.
+#[derive(Clone, Copy)]
+struct Path {
+    qpn: Qpn,
+    dest_qpn: Qpn,
+    peer_ip: Ipv4Addr,
+    peer_mac: MacAddr,
+    pmtu: crate::mtu::Pmtu,
+}
+
+impl Path {
+    fn of(q: &QpSlot) -> Self {
+        Path {
+            qpn: q.qpn,
+            dest_qpn: q.dest_qpn,
+            peer_ip: q.peer_ip,
+            peer_mac: q.peer_mac,
+            pmtu: q.pmtu,
+        }
     }
 }
 
