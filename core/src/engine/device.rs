@@ -1836,7 +1836,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     fn complete_head(&mut self, i: usize) {
         let depth = self.storage.sq_depth();
         loop {
-            let (w, qpn, send_cq) = {
+            let head = {
                 let s = self.storage.slices();
                 let q = &mut s.qps[i];
                 if q.sq_sent == 0 {
@@ -1845,45 +1845,54 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     q.deadline = None;
                     return;
                 }
-                if q.sq_len == 0 {
-                    return;
-                }
-                (
-                    s.wqes[i * depth + q.sq_head as usize % depth],
-                    q.qpn,
-                    q.send_cq,
-                )
+                s.wqes[i * depth + q.sq_head as usize % depth]
             };
-            let done =
-                w.state == WqeState::Acked && (w.op != Some(WorkReqOpcode::Read) || w.read_done);
+            let done = head.state == WqeState::Acked
+                && (head.op != Some(WorkReqOpcode::Read) || head.read_done);
             if !done {
                 return;
             }
-            {
-                let q = &mut self.storage.slices().qps[i];
-                q.sq_head = (q.sq_head + 1) % depth as u32;
-                q.sq_len -= 1;
-                q.sq_sent -= 1;
-            }
-            if w.signaled && !w.internal {
-                let opcode = wc_opcode(&w);
-                Self::push_cqe(
-                    &mut self.storage,
-                    &mut self.stats,
-                    send_cq,
-                    WorkCompletion {
-                        wr_id: w.wr_id,
-                        status: WcStatus::Success,
-                        opcode,
-                        byte_len: w.len,
-                        imm_data: 0,
-                        qp_num: qpn.get(),
-                        src_qp: 0,
-                        wc_flags: 0,
-                    },
-                );
-            }
+            self.retire_head(i, WcStatus::Success);
         }
+    }
+
+    /// Takes the head WQE off QP `i`'s send queue and completes it with `status`: an error
+    /// always, a success only when signaled (with the length), never a WQE the engine made
+    /// itself (a READ response). `None` if the queue is empty.
+    fn retire_head(&mut self, i: usize, status: WcStatus) -> Option<Wqe> {
+        let depth = self.storage.sq_depth();
+        let (w, qpn, cq) = {
+            let s = self.storage.slices();
+            let q = &mut s.qps[i];
+            if q.sq_len == 0 {
+                return None;
+            }
+            let w = s.wqes[i * depth + q.sq_head as usize % depth];
+            q.sq_head = (q.sq_head + 1) % depth as u32;
+            q.sq_len -= 1;
+            // The head is the oldest WQE: if anything was sent, it was.
+            q.sq_sent = q.sq_sent.saturating_sub(1);
+            (w, q.qpn, q.send_cq)
+        };
+        let success = status == WcStatus::Success;
+        if !w.internal && (w.signaled || !success) {
+            Self::push_cqe(
+                &mut self.storage,
+                &mut self.stats,
+                cq,
+                WorkCompletion {
+                    wr_id: w.wr_id,
+                    status,
+                    opcode: wc_opcode(&w),
+                    byte_len: if success { w.len } else { 0 },
+                    imm_data: 0,
+                    qp_num: qpn.get(),
+                    src_qp: 0,
+                    wc_flags: 0,
+                },
+            );
+        }
+        Some(w)
     }
 
     /// Go-back-N from `from`: every sent packet at or after it is posted again with
@@ -2011,84 +2020,18 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The head WQE completes with `status`, the QP goes to ERR and the rest is flushed.
     fn fail_qp(&mut self, i: usize, status: WcStatus) {
-        let depth = self.storage.sq_depth();
-        let (head, qpn, cq, has) = {
-            let s = self.storage.slices();
-            let q = &s.qps[i];
-            (
-                s.wqes[i * depth + q.sq_head as usize % depth],
-                q.qpn,
-                q.send_cq,
-                q.sq_len > 0,
-            )
-        };
         {
             let q = &mut self.storage.slices().qps[i];
             q.state = QpState::Err;
             q.deadline = None;
         }
-        if has {
-            {
-                let q = &mut self.storage.slices().qps[i];
-                q.sq_head = (q.sq_head + 1) % depth as u32;
-                q.sq_len -= 1;
-                q.sq_sent = q.sq_sent.saturating_sub(1);
-            }
-            if !head.internal {
-                Self::push_cqe(
-                    &mut self.storage,
-                    &mut self.stats,
-                    cq,
-                    WorkCompletion {
-                        wr_id: head.wr_id,
-                        status,
-                        opcode: wc_opcode(&head),
-                        byte_len: 0,
-                        imm_data: 0,
-                        qp_num: qpn.get(),
-                        src_qp: 0,
-                        wc_flags: 0,
-                    },
-                );
-            }
-        }
+        self.retire_head(i, status);
         self.flush_qp(i);
     }
 
     /// Completes every outstanding WQE and receive WR of QP `i` with WR_FLUSH_ERR.
     fn flush_qp(&mut self, i: usize) {
-        let depth = self.storage.sq_depth();
-        loop {
-            let (w, qpn, cq) = {
-                let s = self.storage.slices();
-                let q = &mut s.qps[i];
-                if q.sq_len == 0 {
-                    break;
-                }
-                let w = s.wqes[i * depth + q.sq_head as usize % depth];
-                q.sq_head = (q.sq_head + 1) % depth as u32;
-                q.sq_len -= 1;
-                q.sq_sent = q.sq_sent.min(q.sq_len);
-                (w, q.qpn, q.send_cq)
-            };
-            if !w.internal {
-                Self::push_cqe(
-                    &mut self.storage,
-                    &mut self.stats,
-                    cq,
-                    WorkCompletion {
-                        wr_id: w.wr_id,
-                        status: WcStatus::WrFlushErr,
-                        opcode: wc_opcode(&w),
-                        byte_len: 0,
-                        imm_data: 0,
-                        qp_num: qpn.get(),
-                        src_qp: 0,
-                        wc_flags: 0,
-                    },
-                );
-            }
-        }
+        while self.retire_head(i, WcStatus::WrFlushErr).is_some() {}
         loop {
             let (r, qpn, cq) = {
                 let q = &mut self.storage.slices().qps[i];
