@@ -4,50 +4,19 @@
 //!
 //! Run: `cargo bench -p bluerdma-core --bench ring -- --warm-up-time 1 --measurement-time 2`.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::hint::black_box;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use bluerdma_core::addr::DeviceAddr;
 use bluerdma_core::desc::RawDesc;
-use bluerdma_core::platform::{DmaBuffer, RegisterAccess};
+use bluerdma_core::platform::RegisterAccess;
 use bluerdma_core::regs::{Reg, RingId, DECODED_CHANNELS};
-use bluerdma_core::ring::{
-    ConsumerRing, Popped, ProducerRing, RingMemory, RingPtr, RingRegs, RING_ALIGN, RING_BYTES,
-};
+use bluerdma_core::ring::{ConsumerRing, Popped, ProducerRing, RingPtr, RingRegs};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-/// Page-aligned heap memory standing in for a ring's DMA buffer.
-struct HeapRing {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-impl HeapRing {
-    fn new() -> Self {
-        let layout = Layout::from_size_align(RING_BYTES, RING_ALIGN).unwrap();
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
-        HeapRing { ptr, layout }
-    }
-
-    fn view(&self) -> RingMemory {
-        // SAFETY: RING_BYTES of a live allocation that outlives every view taken in a bench;
-        // device address = CPU address. Views are used from one thread only.
-        let buf =
-            unsafe { DmaBuffer::new(self.ptr, DeviceAddr(self.ptr.as_ptr() as u64), RING_BYTES) };
-        RingMemory::new(buf).unwrap()
-    }
-}
-
-impl Drop for HeapRing {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
+#[path = "../tests/support/heap_ring.rs"]
+mod heap_ring;
+use heap_ring::HeapRing;
 
 /// Registers of a card that fetches instantly: the tail always reads as the last head.
 struct InstantCard {
@@ -159,9 +128,8 @@ fn baseline(c: &mut Criterion) {
         b.iter(|| {
             // SAFETY: the first BATCH slots of a live, page-aligned RING_BYTES allocation that
             // nothing else uses while the bench runs; RawDesc is plain bytes, align 8.
-            let ring = unsafe {
-                std::slice::from_raw_parts_mut(mem.ptr.as_ptr().cast::<RawDesc>(), BATCH)
-            };
+            let ring =
+                unsafe { std::slice::from_raw_parts_mut(mem.as_ptr().cast::<RawDesc>(), BATCH) };
             ring.copy_from_slice(black_box(&src));
             black_box(ring.as_ptr());
         })

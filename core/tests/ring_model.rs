@@ -10,52 +10,21 @@
 //! one descriptor at a time and so split anywhere, come out whole and in order; a slot the
 //! card is allowed to write again is always zero; the head CSR is never read.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::ptr::NonNull;
 
-use bluerdma_core::addr::DeviceAddr;
 use bluerdma_core::desc::RawDesc;
-use bluerdma_core::platform::{DmaBuffer, RegisterAccess};
+use bluerdma_core::platform::RegisterAccess;
 use bluerdma_core::regs::{Reg, RingId, DECODED_CHANNELS};
 use bluerdma_core::ring::{
     ConsumerRing, ImpossibleTail, Popped, ProducerRing, PushError, RingMemory, RingPtr, RingRegs,
-    RING_ALIGN, RING_BYTES, RING_LEN,
+    RING_LEN,
 };
 use proptest::prelude::*;
 
-/// Zeroed, page-aligned heap memory standing in for one ring's DMA buffer.
-struct HeapRing {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-impl HeapRing {
-    fn new() -> Self {
-        let layout = Layout::from_size_align(RING_BYTES, RING_ALIGN).unwrap();
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).unwrap();
-        HeapRing { ptr, layout }
-    }
-
-    /// A view of the memory as a ring. Driver and fake card each take one; they run on one
-    /// thread, so their volatile accesses never overlap.
-    fn view(&self) -> RingMemory {
-        // SAFETY: the allocation is RING_BYTES long and outlives every view (the views are
-        // dropped with the test case before `self`); device address = CPU address.
-        let buf =
-            unsafe { DmaBuffer::new(self.ptr, DeviceAddr(self.ptr.as_ptr() as u64), RING_BYTES) };
-        RingMemory::new(buf).unwrap()
-    }
-}
-
-impl Drop for HeapRing {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
+#[path = "support/heap_ring.rs"]
+mod heap_ring;
+use heap_ring::HeapRing;
 
 /// The card's registers for one host-to-card and one card-to-host ring, with access counts.
 struct FakeRegs {
