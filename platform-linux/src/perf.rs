@@ -245,28 +245,10 @@ pub fn write_latency(a: &Side, b: &Side, iters: u32) -> f64 {
 
 /// A TCP loopback stream in Gbit/s (the baseline).
 pub fn tcp_stream_gbps(seconds: f64) -> f64 {
-    let listener = TcpListener::bind((IP0, 0)).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let reader = thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut total = 0u64;
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) | Err(_) => return total,
-                Ok(n) => total += n as u64,
-            }
-        }
-    });
-    let mut s = TcpStream::connect(addr).unwrap();
-    let buf = vec![7u8; 1 << 20];
-    let start = Instant::now();
-    while start.elapsed().as_secs_f64() < seconds {
-        s.write_all(&buf).unwrap();
-    }
-    drop(s);
-    let total = reader.join().unwrap();
-    total as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
+    let chunk = vec![7u8; 1 << 20];
+    bluerdma_sim::baseline::tcp_stream(IP0, &chunk, Duration::from_secs_f64(seconds))
+        .expect("TCP loopback baseline")
+        .gbit_per_s()
 }
 
 /// SEND messages of `len` bytes per second: the receiver keeps 256 receive WRs posted, the

@@ -7,8 +7,7 @@
 //! test. The sender is not paced: frames the receiver cannot keep up with are lost in the
 //! kernel, and the loss is reported next to the goodput.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -113,36 +112,13 @@ fn udp_link(batch: usize, run: Duration) -> Measured {
 }
 
 fn tcp_stream(run: Duration) -> Measured {
-    let listener = TcpListener::bind((SRC, 0)).expect("bind TCP");
-    let addr = listener.local_addr().expect("TCP address");
-    let receiver = thread::spawn(move || {
-        let (mut conn, _) = listener.accept().expect("accept");
-        let mut buf = vec![0u8; 64 << 10];
-        let mut bytes = 0u64;
-        loop {
-            match conn.read(&mut buf) {
-                Ok(0) => break bytes,
-                Ok(n) => bytes += n as u64,
-                Err(e) => panic!("TCP read: {e}"),
-            }
-        }
-    });
-    let mut conn = TcpStream::connect(addr).expect("connect");
     let chunk: Vec<u8> = frame().repeat(15); // ~61 KiB, the size of one full UDP datagram
-    let start = Instant::now();
-    let mut sent = 0u64;
-    while start.elapsed() < run {
-        conn.write_all(&chunk).expect("TCP write");
-        sent += 15;
-    }
-    drop(conn);
-    let bytes = receiver.join().expect("TCP receiver");
-    let elapsed = start.elapsed();
+    let r = bluerdma_sim::baseline::tcp_stream(SRC, &chunk, run).expect("TCP baseline");
     Measured {
-        sent,
-        received: bytes / FRAME as u64,
-        bytes,
-        elapsed,
+        sent: r.writes * 15,
+        received: r.bytes / FRAME as u64,
+        bytes: r.bytes,
+        elapsed: r.elapsed,
         datagrams: 0,
         queue_drops: 0,
         recv_buffer: 0,

@@ -13,8 +13,6 @@
 //! buffers from overflowing). Each chunk is one work request at PMTU 4096; blue1's meta
 //! reports are drained as they come. At the end the destination must equal the source.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -97,35 +95,13 @@ fn raw_write(chunk: usize, run: Duration) -> Measured {
 }
 
 fn tcp_stream(chunk: usize, run: Duration) -> Measured {
-    let listener = TcpListener::bind((CARD_IPS[0], 0)).expect("bind TCP");
-    let addr = listener.local_addr().expect("TCP address");
-    let receiver = thread::spawn(move || {
-        let (mut conn, _) = listener.accept().expect("accept");
-        let mut buf = vec![0u8; chunk];
-        let mut bytes = 0u64;
-        loop {
-            match conn.read(&mut buf) {
-                Ok(0) => break bytes,
-                Ok(n) => bytes += n as u64,
-                Err(e) => panic!("TCP read: {e}"),
-            }
-        }
-    });
-    let mut conn = TcpStream::connect(addr).expect("connect");
     let data: Vec<u8> = (0..chunk).map(|i| pattern(1, i)).collect();
-    let start = Instant::now();
-    let mut chunks = 0u64;
-    while start.elapsed() < run {
-        conn.write_all(&data).expect("TCP write");
-        chunks += 1;
-    }
-    drop(conn);
-    let bytes = receiver.join().expect("TCP receiver");
+    let r = bluerdma_sim::baseline::tcp_stream(CARD_IPS[0], &data, run).expect("TCP baseline");
     Measured {
-        bytes,
-        chunks,
+        bytes: r.bytes,
+        chunks: r.writes,
         packets: 0,
-        elapsed: start.elapsed(),
+        elapsed: r.elapsed,
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub use bluerdma_core as core;
 
+pub mod baseline;
 pub mod inproc;
 pub mod link;
 pub mod mem;
