@@ -11,10 +11,11 @@
 //! card before its index is). Posting a raw address is `unsafe` with a written contract:
 //! the buffer belongs to the work request until its completion is polled.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -109,6 +110,8 @@ struct Inner {
     kick: (Mutex<bool>, Condvar),
     spec: DeviceSpec,
     card: Mutex<Option<InProcessCard>>,
+    /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
+    armed: Mutex<Vec<Weak<CqInner>>>,
 }
 
 impl Inner {
@@ -215,6 +218,7 @@ impl Context {
             kick: (Mutex::new(false), Condvar::new()),
             spec,
             card: Mutex::new(Some(card)),
+            armed: Mutex::new(Vec::new()),
         });
         let thread_inner = Arc::clone(&inner);
         let progress = thread::Builder::new()
@@ -284,6 +288,9 @@ impl Context {
         Ok(Cq(Arc::new(CqInner {
             ctx: Arc::clone(&self.inner),
             cq,
+            stash: Mutex::new(VecDeque::new()),
+            armed: AtomicBool::new(false),
+            notify: Mutex::new(None),
         })))
     }
 
@@ -310,18 +317,27 @@ fn progress_loop(inner: &Inner) {
         let now = inner.now();
         // try_lock: an application thread inside a verb drives progress itself; the progress
         // thread never makes it wait (on two cores a contended lock costs more than a poll).
+        let mut fire = Vec::new();
         let polled = match inner.dev.try_lock() {
             Ok(mut dev) => {
                 let w = dev.poll(now);
+                collect_events(inner, &mut dev, &mut fire);
                 Some((w, dev.next_deadline()))
             }
             Err(std::sync::TryLockError::Poisoned(p)) => {
                 let mut dev = p.into_inner();
                 let w = dev.poll(now);
+                collect_events(inner, &mut dev, &mut fire);
                 Some((w, dev.next_deadline()))
             }
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
+        // Event callbacks run without the engine lock (they write to a channel's pipe).
+        for cq in fire {
+            if let Some(f) = cq.notify.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                f();
+            }
+        }
         let Some((work, deadline)) = polled else {
             thread::yield_now();
             continue;
@@ -353,6 +369,30 @@ fn progress_loop(inner: &Inner) {
             idle_rounds = 0;
         }
     }
+}
+
+/// Moves the completions of every armed CQ out of the engine into the CQ's stash; a CQ that
+/// has any is disarmed and returned in `fire` (level-triggered: a completion already queued
+/// when the CQ was armed fires too, so an event is never lost between a poll and an arm).
+fn collect_events(inner: &Inner, dev: &mut Engine, fire: &mut Vec<Arc<CqInner>>) {
+    let mut armed = inner.armed.lock().unwrap_or_else(|e| e.into_inner());
+    if armed.is_empty() {
+        return;
+    }
+    armed.retain(|w| {
+        let Some(cq) = w.upgrade() else { return false };
+        if !cq.armed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut stash = cq.stash.lock().unwrap_or_else(|e| e.into_inner());
+        cq.pull(dev, &mut stash);
+        if stash.is_empty() {
+            return true;
+        }
+        cq.armed.store(false, Ordering::Release);
+        fire.push(Arc::clone(&cq));
+        false
+    });
 }
 
 struct PdInner {
@@ -535,9 +575,27 @@ impl Drop for Mr {
     }
 }
 
+/// A callback run when an armed CQ has a completion.
+pub type CqNotify = Box<dyn Fn() + Send + Sync>;
+
 struct CqInner {
     ctx: Arc<Inner>,
     cq: u32,
+    /// Completions taken from the engine by the progress thread to decide an armed CQ's
+    /// event; polls drain them before the engine's (they are older).
+    stash: Mutex<VecDeque<WorkCompletion>>,
+    armed: AtomicBool,
+    notify: Mutex<Option<CqNotify>>,
+}
+
+impl CqInner {
+    /// Moves every completion the engine holds for this CQ into `stash`.
+    fn pull(&self, dev: &mut Engine, stash: &mut VecDeque<WorkCompletion>) {
+        let mut buf = [WorkCompletion::EMPTY; 32];
+        while let Ok(n @ 1..) = dev.poll_cq(self.cq, &mut buf) {
+            stash.extend(&buf[..n]);
+        }
+    }
 }
 
 impl Drop for CqInner {
@@ -559,7 +617,36 @@ impl Cq {
         let now = ctx.now();
         let mut dev = ctx.lock();
         dev.poll(now);
-        dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))
+        let mut stash = self.0.stash.lock().unwrap_or_else(|e| e.into_inner());
+        let mut n = 0;
+        while n < out.len() {
+            let Some(wc) = stash.pop_front() else { break };
+            out[n] = wc;
+            n += 1;
+        }
+        drop(stash);
+        Ok(n + dev
+            .poll_cq(self.0.cq, &mut out[n..])
+            .map_err(err("poll_cq"))?)
+    }
+
+    /// Sets the callback [`Cq::arm`] fires (a completion channel's writer). It runs on the
+    /// progress thread, without the device lock; it must not block.
+    pub fn set_notify(&self, f: CqNotify) {
+        *self.0.notify.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+    }
+
+    /// Requests one event: the notify callback runs once, as soon as this CQ holds a
+    /// completion (at once if it already holds one), and the CQ is disarmed.
+    pub fn arm(&self) {
+        let ctx = &self.0.ctx;
+        if !self.0.armed.swap(true, Ordering::AcqRel) {
+            ctx.armed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::downgrade(&self.0));
+        }
+        ctx.kick();
     }
 
     /// Polls until `n` completions arrived or `timeout` passed.
