@@ -11,7 +11,7 @@ use crate::addr::{DeviceAddr, PageSize, VirtAddr};
 use crate::desc::cmd::{
     CmdRequest, CmdResponse, ManageQp, SetNetworkParam, SetRawPacketReceiveMeta, UpdateMrTable,
 };
-use crate::desc::meta::MetaReport;
+use crate::desc::meta::{AckReport, MetaReport, PacketInfo};
 use crate::desc::pgt::{stage_pgt_update, DRIVER_ENTRIES_PER_UPDATE};
 use crate::desc::send::{SendFlags, SendRequest, SendSeg0, SendSeg1, WorkReqOpcode};
 use crate::desc::simple_nic::{SimpleNicTx, RX_BUFFER_SIZE};
@@ -34,6 +34,10 @@ use super::types::*;
 
 #[path = "dump.rs"]
 mod dump;
+
+#[cfg(test)]
+#[path = "delivery_tests.rs"]
+mod delivery_tests;
 
 /// Largest chunk the driver hands the card (64 KiB, ARCHITECTURE.md).
 pub const CHUNK_BYTES: u32 = 64 * 1024;
@@ -1539,45 +1543,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     self.stats.bad_reports += 1;
                     return;
                 };
-                let psn = Psn::from_raw(p.psn);
-                let q = &mut self.storage.slices().qps[i];
-                if psn.is_before(q.rx.base()) {
-                    q.reack = true;
-                }
-                q.rx.set(psn);
                 let op = p.opcode;
-                if op.is_first() && !q.firsts.iter().any(|f| f.0 == psn) {
-                    if q.firsts.is_full() {
-                        q.firsts.pop_front();
-                    }
-                    let _ = q.firsts.push_back((psn, p.total_len, p.raddr.0));
+                let full = {
+                    let q = &self.storage.slices().qps[i];
+                    op.is_first() && q.firsts.is_full()
+                        || (op.is_last() || op.is_only()) && q.msgs.is_full()
+                };
+                if full {
+                    // Make room: what can be completed is completed before the report is
+                    // recorded (its ACK still goes out at the next delivery round).
+                    self.deliver_ready(i);
                 }
-                if op.is_last() || op.is_only() {
-                    let kind = if op.is_read_response() {
-                        MsgKind::ReadResp
-                    } else if op.is_send() {
-                        if op.has_imm() {
-                            MsgKind::SendImm
-                        } else {
-                            MsgKind::Send
-                        }
-                    } else if op.has_imm() {
-                        MsgKind::WriteImm
-                    } else {
-                        MsgKind::Write
-                    };
-                    let len = if op.is_only() { p.total_len } else { 0 };
-                    push_msg(
-                        q,
-                        MsgEnd {
-                            psn,
-                            kind,
-                            imm: p.imm_data,
-                            len,
-                            only: op.is_only(),
-                            addr: p.raddr.0,
-                        },
-                    );
+                let q = &mut self.storage.slices().qps[i];
+                if let Some(m) = note_packet(q, &p) {
+                    push_msg(q, m);
                 }
             }
             MetaReport::ReadRequest(p, ext) => {
@@ -1616,6 +1595,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     return;
                 }
                 let psn = Psn::from_raw(p.psn);
+                if self.storage.slices().qps[i].msgs.is_full() {
+                    self.deliver_ready(i);
+                }
                 {
                     let q = &mut self.storage.slices().qps[i];
                     if psn.is_before(q.rx.base()) {
@@ -1674,13 +1656,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     // The card's quiet-timer report of our receive window: nothing arrived
                     // for a while, so a hole below received PSNs is a loss, not reordering.
                     // NAK it now instead of letting the requester wait for its timeout.
-                    let q = &mut self.storage.slices().qps[i];
-                    let bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
-                    mark_card_cumulative(q, bottom);
-                    q.rx.merge_window(bottom, trusted_bits(q.card_fresh, bottom, a.now_bitmap));
-                    q.card_fresh = still_fresh(q.card_fresh, bottom);
-                    let hole = q.rx.first_missing();
-                    q.nak_due = (1..128u32).any(|k| q.rx.is_set(hole.wrapping_add(k)));
+                    on_card_quiet(&mut self.storage.slices().qps[i], &a);
                 } else {
                     // The peer driver's cumulative ACK: every PSN before psn_now arrived.
                     self.on_ack(i, Psn::from_raw(a.psn_now), now);
@@ -1694,23 +1670,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 if a.is_send_by_local_hw {
                     // Our card saw a gap leave its window: from the first lost PSN to the new
                     // window bottom, only what is reported explicitly arrived.
-                    let q = &mut self.storage.slices().qps[i];
-                    let new_bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
-                    if let Some(first) =
-                        first_lost(a.psn_before_slide, extra.pre_bitmap, new_bottom)
-                    {
-                        record_lost(q, PsnRange::from_bounds(first, new_bottom));
-                    }
-                    mark_card_cumulative(q, new_bottom);
-                    let pre_bottom =
-                        crate::transport::card_bitmap_base(Psn::from_raw(a.psn_before_slide));
-                    let fresh = q.card_fresh;
-                    q.rx.merge_window(
-                        pre_bottom,
-                        trusted_bits(fresh, pre_bottom, extra.pre_bitmap),
-                    );
-                    q.rx.merge_window(new_bottom, trusted_bits(fresh, new_bottom, a.now_bitmap));
-                    q.card_fresh = still_fresh(fresh, new_bottom);
+                    on_card_loss(&mut self.storage.slices().qps[i], &a, extra.pre_bitmap);
                 } else if a.is_send_by_driver {
                     let from = Psn::from_raw(a.psn_before_slide);
                     self.on_ack(i, from, now);
@@ -2062,36 +2022,36 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 
     /// Responder side: completes received messages whose PSNs all arrived and sends one
-    /// cumulative ACK per QP whose receive window moved.
+    /// cumulative ACK per QP whose acknowledgeable point moved. The ACK never covers a PSN
+    /// whose message's completion is not recorded yet ([`ack_limit`]).
     fn deliver_and_ack(&mut self, now: Instant) -> bool {
         let nqps = self.storage.slices().qps.len();
         let mut acks = [RawDesc::ZERO; BATCH];
         let mut n = 0usize;
         let mut any = false;
         for i in 0..nqps {
-            let (base, acked, in_use) = {
-                let q = &mut self.storage.slices().qps[i];
-                if !q.in_use {
-                    continue;
-                }
-                (q.rx.advance(), q.acked_rx, q.in_use)
-            };
+            if !self.storage.slices().qps[i].in_use {
+                continue;
+            }
+            let acked = self.storage.slices().qps[i].acked_rx;
+            let (base, ack) = self.deliver_ready(i);
             let nak_due = {
                 let q = &mut self.storage.slices().qps[i];
-                let due = core::mem::take(&mut q.nak_due) && q.naked_at != Some(base);
+                // A hole the card's quiet report showed, or a report the engine had to drop
+                // (its message can only come back by retransmission): resend from `ack`.
+                let hole = core::mem::take(&mut q.nak_due);
+                let dropped = q.reports_dropped && ack != base;
+                if dropped {
+                    q.reports_dropped = false;
+                }
+                let due = (hole || dropped) && q.naked_at != Some(ack);
                 if due {
-                    q.naked_at = Some(base);
+                    q.naked_at = Some(ack);
                 }
                 due
             };
             if nak_due {
-                if let Some(d) = self.ack_frame(
-                    i,
-                    base,
-                    AckVerdict::Nak {
-                        pre_psn: base.get(),
-                    },
-                ) {
+                if let Some(d) = self.ack_frame(i, ack, AckVerdict::Nak { pre_psn: ack.get() }) {
                     if n == BATCH {
                         self.flush_acks(&acks[..n]);
                         n = 0;
@@ -2102,26 +2062,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 }
             }
             let reack = core::mem::take(&mut self.storage.slices().qps[i].reack);
-            if !in_use || base == acked && !reack {
+            if ack == acked && !reack {
                 continue;
             }
             any = true;
-            if base != acked {
+            if ack != acked {
                 self.response_progress(i, now);
             }
-            // Messages whose last PSN is below the new base are complete.
-            loop {
-                let m = {
-                    let q = &mut self.storage.slices().qps[i];
-                    match q.msgs.front() {
-                        Some(m) if m.psn.is_before(base) => q.msgs.pop_front(),
-                        _ => None,
-                    }
-                };
-                let Some(m) = m else { break };
-                self.deliver(i, &m);
-            }
-            if let Some(d) = self.ack_frame(i, base, AckVerdict::Ack) {
+            if let Some(d) = self.ack_frame(i, ack, AckVerdict::Ack) {
                 if n == BATCH {
                     self.flush_acks(&acks[..n]);
                     n = 0;
@@ -2129,7 +2077,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 acks[n] = d;
                 n += 1;
             }
-            self.storage.slices().qps[i].acked_rx = base;
+            self.storage.slices().qps[i].acked_rx = ack;
         }
         if n > 0 {
             self.flush_acks(&acks[..n]);
@@ -2137,27 +2085,24 @@ impl<P: Platform, S: Storage> Device<P, S> {
         any
     }
 
+    /// Completes the messages of QP `i` that may be acknowledged; returns the first missing
+    /// PSN and the point up to which an ACK may now go.
+    fn deliver_ready(&mut self, i: usize) -> (Psn, Psn) {
+        let (base, limit) = {
+            let q = &mut self.storage.slices().qps[i];
+            let base = q.rx.advance();
+            (base, ack_limit(q, base))
+        };
+        while let Some(m) = next_ready(&mut self.storage.slices().qps[i], limit) {
+            self.deliver(i, &m);
+        }
+        (base, limit)
+    }
+
+    /// Records the completion of message `m` (its length and address already filled in by
+    /// [`next_ready`]).
     fn deliver(&mut self, i: usize, m: &MsgEnd) {
         let depth = self.storage.sq_depth();
-        // A multi-packet message's length is in its FIRST packet's report (the message
-        // starts right after the previous one: PSN ranges of messages are contiguous).
-        let mut m = *m;
-        {
-            let q = &mut self.storage.slices().qps[i];
-            let start = q.next_msg;
-            if !m.only {
-                if let Some(f) = q.firsts.iter().find(|f| f.0 == start) {
-                    m.len = f.1;
-                    m.addr = f.2;
-                }
-            }
-            q.next_msg = m.psn.wrapping_add(1);
-            let next = q.next_msg;
-            while q.firsts.front().is_some_and(|f| f.0.is_before(next)) {
-                q.firsts.pop_front();
-            }
-        }
-        let m = &m;
         match m.kind {
             MsgKind::Write | MsgKind::ReadReq => {}
             MsgKind::WriteImm | MsgKind::Send | MsgKind::SendImm => {
@@ -2355,18 +2300,197 @@ fn mark_card_cumulative(q: &mut QpSlot, bottom: Psn) {
     }
 }
 
+/// A packet report of QP `q`: marks its PSN, remembers a FIRST packet (its RETH carries
+/// the message length), and returns the end of a message (LAST or ONLY) to record.
+fn note_packet(q: &mut QpSlot, p: &PacketInfo) -> Option<MsgEnd> {
+    let psn = Psn::from_raw(p.psn);
+    if psn.is_before(q.rx.base()) {
+        q.reack = true;
+    }
+    q.rx.set(psn);
+    let op = p.opcode;
+    if op.is_first() && !psn.is_before(q.next_msg) && !q.firsts.iter().any(|f| f.0 == psn) {
+        let kept = insert_sorted(&mut q.firsts, (psn, p.total_len, p.raddr.0), |f| f.0);
+        if !kept {
+            q.reports_dropped = true;
+            core_warn!(
+                "QP {:#x}: FIRST of PSN {:#x} not tracked; its message waits for a resend",
+                q.qpn.get(),
+                p.psn
+            );
+        }
+    }
+    if !op.is_last() && !op.is_only() {
+        return None;
+    }
+    let kind = if op.is_read_response() {
+        MsgKind::ReadResp
+    } else if op.is_send() {
+        if op.has_imm() {
+            MsgKind::SendImm
+        } else {
+            MsgKind::Send
+        }
+    } else if op.has_imm() {
+        MsgKind::WriteImm
+    } else {
+        MsgKind::Write
+    };
+    Some(MsgEnd {
+        psn,
+        kind,
+        imm: p.imm_data,
+        len: if op.is_only() { p.total_len } else { 0 },
+        only: op.is_only(),
+        addr: p.raddr.0,
+    })
+}
+
+/// The card's quiet-timer report of our receive window: nothing arrived for a while, so a
+/// hole below received PSNs is a loss, not reordering; it is NAKed at the next delivery.
+fn on_card_quiet(q: &mut QpSlot, a: &AckReport) {
+    let bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
+    mark_card_cumulative(q, bottom);
+    q.rx.merge_window(bottom, trusted_bits(q.card_fresh, bottom, a.now_bitmap));
+    q.card_fresh = still_fresh(q.card_fresh, bottom);
+    let hole = q.rx.first_missing();
+    q.nak_due = (1..128u32).any(|k| q.rx.is_set(hole.wrapping_add(k)));
+}
+
+/// Our card saw a gap leave its window: from the first lost PSN to the new window bottom,
+/// only what is reported explicitly arrived.
+fn on_card_loss(q: &mut QpSlot, a: &AckReport, pre_bitmap: u128) {
+    let new_bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
+    if let Some(first) = first_lost(a.psn_before_slide, pre_bitmap, new_bottom) {
+        record_lost(q, PsnRange::from_bounds(first, new_bottom));
+    }
+    mark_card_cumulative(q, new_bottom);
+    let pre_bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_before_slide));
+    let fresh = q.card_fresh;
+    q.rx.merge_window(pre_bottom, trusted_bits(fresh, pre_bottom, pre_bitmap));
+    q.rx.merge_window(new_bottom, trusted_bits(fresh, new_bottom, a.now_bitmap));
+    q.card_fresh = still_fresh(fresh, new_bottom);
+}
+
+/// Records the end of a received message, in PSN order (a retransmitted message can be
+/// reported after later ones). A message already delivered or queued is ignored. When the
+/// queue is full the message with the highest PSN is dropped: [`ack_limit`] then never
+/// acknowledges it, so the requester sends it again.
 fn push_msg(q: &mut QpSlot, m: MsgEnd) {
     // A retransmitted LAST is reported again: keep one entry per message.
-    if m.psn.is_before(q.rx.base()) && !q.rx.is_set(m.psn) || q.msgs.iter().any(|x| x.psn == m.psn)
-    {
+    if m.psn.is_before(q.next_msg) || q.msgs.iter().any(|x| x.psn == m.psn) {
         return;
     }
-    if m.psn.is_before(q.acked_rx) {
-        return;
+    if !insert_sorted(&mut q.msgs, m, |x| x.psn) {
+        q.reports_dropped = true;
+        core_warn!(
+            "QP {:#x}: message queue full; a message waits for its resend",
+            q.qpn.get()
+        );
     }
-    if q.msgs.push_back(m).is_err() {
-        core_error!("QP {}: message queue full, completion lost", q.qpn.get());
+}
+
+/// Inserts `item` into `queue`, kept sorted by `psn`. When the queue is full, the entry
+/// with the highest PSN (possibly `item`) is dropped; returns false then.
+fn insert_sorted<T: Copy, const N: usize>(
+    queue: &mut heapless::Deque<T, N>,
+    item: T,
+    psn: impl Fn(&T) -> Psn,
+) -> bool {
+    let mut kept = true;
+    if queue.is_full() {
+        kept = false;
+        match queue.back() {
+            Some(last) if psn(last).is_after(psn(&item)) => {
+                queue.pop_back();
+            }
+            _ => return false,
+        }
     }
+    // Entries after `item` move aside (rare: only a resend arrives out of order).
+    let mut later: heapless::Vec<T, N> = heapless::Vec::new();
+    while queue.back().is_some_and(|b| psn(b).is_after(psn(&item))) {
+        if let Some(b) = queue.pop_back() {
+            let _ = later.push(b);
+        }
+    }
+    let _ = queue.push_back(item);
+    while let Some(b) = later.pop() {
+        let _ = queue.push_back(b);
+    }
+    kept
+}
+
+/// The PSN up to which QP `q` may acknowledge, given `base`, its first missing PSN. A PSN
+/// that ends a message is acknowledged only once that message's end (and, for a message of
+/// several packets, its FIRST with the length) is recorded, so its completion can never be
+/// lost: the card's window bitmaps mark PSNs whose own reports may still be on the way (its
+/// loss report for the slide that packet P causes comes before P's report), or that the
+/// engine had no room to record.
+fn ack_limit(q: &QpSlot, base: Psn) -> Psn {
+    // Messages are contiguous in PSN space: the next one starts at `next_msg`.
+    let mut cur = q.next_msg;
+    for m in q.msgs.iter() {
+        if !m.psn.is_before(base) {
+            break;
+        }
+        let whole = if m.only {
+            m.psn == cur
+        } else {
+            cur.is_before(m.psn) && q.firsts.iter().any(|f| f.0 == cur)
+        };
+        if !whole {
+            return open_message_limit(q, cur, m.psn);
+        }
+        cur = m.psn.wrapping_add(1);
+    }
+    if cur.is_before(base) {
+        open_message_limit(q, cur, base)
+    } else {
+        base
+    }
+}
+
+/// How far into the message starting at `start`, whose end is not recorded, an ACK may go
+/// (at most `limit`): through its FIRST and MIDDLE packets, which need no report, when its
+/// FIRST says where it ends; not at all otherwise.
+fn open_message_limit(q: &QpSlot, start: Psn, limit: Psn) -> Psn {
+    let Some(&(_, len, addr)) = q.firsts.iter().find(|f| f.0 == start) else {
+        return start;
+    };
+    let packets = num_packets(addr, len, q.pmtu);
+    if packets < 2 {
+        return start;
+    }
+    let last = start.wrapping_add(packets - 1);
+    if last.is_before(limit) {
+        last
+    } else {
+        limit
+    }
+}
+
+/// Takes the oldest message that ends before `limit` off QP `q`'s books, to complete it: a
+/// message of several packets gets its length and address from its FIRST packet's report
+/// (the message starts right after the previous one), and the next message starts after it.
+fn next_ready(q: &mut QpSlot, limit: Psn) -> Option<MsgEnd> {
+    let mut m = match q.msgs.front() {
+        Some(m) if m.psn.is_before(limit) => q.msgs.pop_front()?,
+        _ => return None,
+    };
+    let start = q.next_msg;
+    if !m.only {
+        if let Some(f) = q.firsts.iter().find(|f| f.0 == start) {
+            m.len = f.1;
+            m.addr = f.2;
+        }
+    }
+    q.next_msg = m.psn.wrapping_add(1);
+    let next = q.next_msg;
+    while q.firsts.front().is_some_and(|f| f.0.is_before(next)) {
+        q.firsts.pop_front();
+    }
+    Some(m)
 }
 
 /// What a packet of a QP needs from its slot: the two ends and the PMTU. Copied out so the

@@ -311,9 +311,13 @@ pub struct QpSlot {
     /// The card's receive window has not moved past PSN 0 since ManageQp, so its bitmaps
     /// still carry the reset bits (see `engine::card_reset`).
     pub card_fresh: bool,
-    /// Received messages waiting for their PSNs.
+    /// A message end or FIRST report found no room: its PSNs stay unacknowledged until the
+    /// requester resends them; NAK the acknowledgement point to make it do so now.
+    pub reports_dropped: bool,
+    /// Received messages waiting for their PSNs, in PSN order.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
-    /// FIRST packets seen of messages not delivered yet: (PSN, message length, RETH address).
+    /// FIRST packets seen of messages not delivered yet, in PSN order: (PSN, message length,
+    /// RETH address).
     pub firsts: heapless::Deque<(Psn, u32, u64), FIRSTS_TRACKED>,
     /// First PSN of the next message to deliver.
     pub next_msg: Psn,
@@ -363,6 +367,7 @@ impl Default for QpSlot {
             reack: false,
             lost: heapless::Vec::new(),
             card_fresh: true,
+            reports_dropped: false,
             msgs: heapless::Deque::new(),
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),

@@ -1,0 +1,205 @@
+//! Receive-side bookkeeping of one QP slot, driven report by report in the orders the card
+//! can produce: no PSN that ends a message is acknowledged before that message's completion
+//! is recorded.
+
+use std::vec::Vec;
+
+use super::*;
+use crate::mtu::Pmtu;
+use crate::wire::RdmaOpcode;
+
+const RQ_PSN: u32 = 5;
+
+/// A slot as `modify_qp` leaves it at RTR with `rq_psn`.
+fn slot(rq_psn: u32) -> QpSlot {
+    let psn = Psn::from_raw(rq_psn);
+    let mut q = QpSlot {
+        in_use: true,
+        pmtu: Pmtu::Mtu4096,
+        ..QpSlot::default()
+    };
+    q.rx.reset(psn);
+    q.acked_rx = psn;
+    q.next_msg = psn;
+    q.card_fresh = true;
+    record_lost(&mut q, RESET_PHANTOMS);
+    q
+}
+
+fn info(opcode: RdmaOpcode, psn: u32, total_len: u32, raddr: u64) -> PacketInfo {
+    PacketInfo {
+        opcode,
+        psn,
+        msn: 0,
+        dqpn: Qpn::from_raw(0x100),
+        raddr: VirtAddr(raddr),
+        rkey: MrKey::from_raw(0x100),
+        total_len,
+        imm_data: 0,
+        is_retry: false,
+        ack_req: true,
+        solicited: false,
+        ecn_marked: false,
+    }
+}
+
+/// What `on_report` does with a packet report.
+fn packet(q: &mut QpSlot, p: PacketInfo) {
+    if let Some(m) = note_packet(q, &p) {
+        push_msg(q, m);
+    }
+}
+
+/// One delivery round of `deliver_and_ack`: the messages completed and the ACK sent.
+fn deliver(q: &mut QpSlot) -> (Vec<MsgEnd>, Psn) {
+    let base = q.rx.advance();
+    let ack = ack_limit(q, base);
+    let mut done = Vec::new();
+    while let Some(m) = next_ready(q, ack) {
+        done.push(m);
+    }
+    q.acked_rx = ack;
+    (done, ack)
+}
+
+fn psn(x: u32) -> Psn {
+    Psn::from_raw(x)
+}
+
+/// The card's window after a QP reset starts at stride 0xFFFFF with every bit set. With
+/// rq_psn 5, PSNs 0..=4 of stride 0 never arrive, so when PSN 0x80 slides stride 0 out the
+/// card reports a loss; that report's new bitmap already holds 0x80, and it reaches the
+/// meta ring before 0x80's own packet report. When a delivery round runs between the two
+/// (the driver read the ring between the card's two writes, or its 256-report batch ended
+/// there), the ACK used to cover 0x80 and its late report was dropped as a duplicate: the
+/// sender's SEND succeeded and the receive WR never completed.
+#[test]
+fn a_card_loss_report_ahead_of_the_packet_report_does_not_ack_its_message() {
+    let mut q = slot(RQ_PSN);
+    for p in RQ_PSN..0x80 {
+        packet(&mut q, info(RdmaOpcode::SendOnly, p, 100, 0x1000));
+        let (done, ack) = deliver(&mut q);
+        assert_eq!((done.len(), ack), (1, psn(p + 1)));
+    }
+    // The loss report of the slide from stride 7 to stride 8 (nic-behaviour.md 3.3-3.4):
+    // before, bit i = PSN i (0..=4 missing); after, bit i = PSN 16 + i, bit 112 = 0x80.
+    let pre_bitmap = !0u128 << RQ_PSN;
+    let report = AckReport {
+        now_bitmap: (pre_bitmap >> 16) | 1 << 112,
+        msn: 0,
+        qpn: Qpn::from_raw(0x100),
+        psn_now: 0x80,
+        psn_before_slide: 0x70,
+        is_packet_lost: true,
+        is_window_slided: true,
+        is_send_by_driver: false,
+        is_send_by_local_hw: true,
+    };
+    on_card_loss(&mut q, &report, pre_bitmap);
+    let (done, ack) = deliver(&mut q);
+    assert!(done.is_empty());
+    assert_eq!(q.rx.base(), psn(0x81), "the card says 0x80 arrived");
+    assert_eq!(ack, psn(0x80), "but its message is not recorded yet");
+    // Its packet report follows: now it completes, and is acknowledged.
+    packet(&mut q, info(RdmaOpcode::SendOnly, 0x80, 77, 0x1000));
+    let (done, ack) = deliver(&mut q);
+    assert_eq!(ack, psn(0x81));
+    assert_eq!(done.len(), 1);
+    assert_eq!((done[0].psn, done[0].len), (psn(0x80), 77));
+}
+
+/// The same order with the quiet-timer report, whose bitmap holds a PSN whose report has
+/// not been read: a message of several packets is acknowledged through its FIRST and
+/// MIDDLE packets (they have no report of their own) but not its LAST.
+#[test]
+fn a_quiet_report_acks_middles_of_a_known_message_but_never_its_last() {
+    let mut q = slot(0x100);
+    // Three packets at 4 KiB PMTU: FIRST 0x100, MIDDLE 0x101, LAST 0x102.
+    packet(
+        &mut q,
+        info(RdmaOpcode::SendFirst, 0x100, 3 * 4096, 0x10_0000),
+    );
+    let quiet = AckReport {
+        now_bitmap: 0b111 << 112,
+        msn: 0,
+        qpn: Qpn::from_raw(0x100),
+        psn_now: 0x100,
+        psn_before_slide: 0,
+        is_packet_lost: false,
+        is_window_slided: false,
+        is_send_by_driver: false,
+        is_send_by_local_hw: true,
+    };
+    on_card_quiet(&mut q, &quiet);
+    let (done, ack) = deliver(&mut q);
+    assert!(done.is_empty());
+    assert_eq!(ack, psn(0x102), "FIRST and MIDDLE acknowledged, LAST not");
+    packet(&mut q, info(RdmaOpcode::SendLast, 0x102, 4096, 0x10_2000));
+    let (done, ack) = deliver(&mut q);
+    assert_eq!(ack, psn(0x103));
+    assert_eq!((done.len(), done[0].len), (1, 3 * 4096));
+}
+
+#[test]
+fn a_message_whose_first_report_is_missing_is_not_acknowledged() {
+    let mut q = slot(0x200);
+    // The card's bitmap says FIRST and LAST arrived; only the LAST was reported.
+    q.rx.set_range(PsnRange::new(psn(0x200), 2));
+    packet(&mut q, info(RdmaOpcode::SendLast, 0x201, 10, 0x10_1000));
+    let (done, ack) = deliver(&mut q);
+    assert!(done.is_empty());
+    assert_eq!(ack, psn(0x200));
+    packet(&mut q, info(RdmaOpcode::SendFirst, 0x200, 4106, 0x10_0000));
+    let (done, ack) = deliver(&mut q);
+    assert_eq!((done.len(), done[0].len, ack), (1, 4106, psn(0x202)));
+}
+
+/// More messages wait behind a gap than the queue holds: the ones with the highest PSNs
+/// are dropped and never acknowledged, an earlier one (the resend that fills the gap)
+/// always finds room, and every message completes once resent, in PSN order.
+#[test]
+fn messages_beyond_the_queue_are_not_acknowledged_until_resent() {
+    let start = 0x300u32;
+    let n = MSG_QUEUE as u32 + 20;
+    let mut q = slot(start);
+    // PSN `start` is lost; 1..=n arrive and are reported.
+    for k in 1..=n {
+        packet(&mut q, info(RdmaOpcode::SendOnly, start + k, k, 0x1000));
+    }
+    assert!(q.reports_dropped);
+    let (done, ack) = deliver(&mut q);
+    assert_eq!((done.len(), ack), (0, psn(start)));
+    // The resend of the lost one finds room (the highest entry gives way).
+    packet(&mut q, info(RdmaOpcode::SendOnly, start, 1000, 0x1000));
+    let (done, ack) = deliver(&mut q);
+    let queued = MSG_QUEUE as u32 - 1;
+    assert_eq!(done.len() as u32, queued + 1);
+    assert_eq!(
+        ack,
+        psn(start + queued + 1),
+        "stops at the first dropped message"
+    );
+    // Go-back-N from the ACK: the rest arrives again.
+    for k in queued + 1..=n {
+        packet(&mut q, info(RdmaOpcode::SendOnly, start + k, k, 0x1000));
+    }
+    let (rest, ack) = deliver(&mut q);
+    assert_eq!(ack, psn(start + n + 1));
+    let lens: Vec<u32> = done.iter().chain(&rest).map(|m| m.len).collect();
+    let want: Vec<u32> = core::iter::once(1000).chain(1..=n).collect();
+    assert_eq!(lens, want);
+}
+
+/// A LAST resent after a later message's report: completions still come in PSN order,
+/// each with its own length.
+#[test]
+fn message_ends_reported_out_of_order_complete_in_psn_order() {
+    let mut q = slot(0x400);
+    packet(&mut q, info(RdmaOpcode::SendFirst, 0x400, 5000, 0x10_0000));
+    packet(&mut q, info(RdmaOpcode::SendOnly, 0x402, 7, 0x20_0000));
+    packet(&mut q, info(RdmaOpcode::SendLast, 0x401, 904, 0x10_1000));
+    let (done, ack) = deliver(&mut q);
+    assert_eq!(ack, psn(0x403));
+    let got: Vec<(Psn, u32)> = done.iter().map(|m| (m.psn, m.len)).collect();
+    assert_eq!(got, [(psn(0x401), 5000), (psn(0x402), 7)]);
+}
