@@ -46,6 +46,9 @@ impl Platform for EmulatedPlatform {
     type Oob = DynOob;
 }
 
+/// The environment variable naming a directory to capture each opened card's frames in.
+pub const PCAP_ENV: &str = "BLUERDMA_PCAP";
+
 /// A verbs error with the operation that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Error {
@@ -151,7 +154,9 @@ impl Context {
 
     /// The default device: an emulated card on the UDP link at `spec.ip` (port 4791) and the
     /// out-of-band channel over TCP at `spec.ip`, port `oob_port` (60000 by the spec), so
-    /// SEND/RECV work between processes and hosts.
+    /// SEND/RECV work between processes and hosts. With `BLUERDMA_PCAP=<dir>` set, the
+    /// card's frames, both directions, are captured to `<dir>/<name>.pcap` (read it with
+    /// `tshark -d udp.port==4791,infiniband`).
     pub fn open(spec: DeviceSpec, oob_port: u16) -> Result<Context, Error> {
         let fail = |what: &'static str| Error {
             op: "open",
@@ -163,13 +168,29 @@ impl Context {
                     log::error!("open {}: UDP link on {}:4791: {e}", spec.name, spec.ip);
                     fail("the UDP link address is taken or not local (see the log)")
                 })?;
+        let link: Box<dyn LinkPort> = match std::env::var_os(PCAP_ENV) {
+            Some(path) => {
+                let path = std::path::PathBuf::from(path).join(format!("{}.pcap", spec.name));
+                let sink = bluerdma_sim::link::PcapSink::create(&path).map_err(|e| {
+                    log::error!("open {}: {PCAP_ENV}: {}: {e}", spec.name, path.display());
+                    fail("the capture file cannot be created (see the log)")
+                })?;
+                log::info!("{}: capturing to {}", spec.name, path.display());
+                Box::new(bluerdma_sim::link::CapturingLink::new(
+                    link,
+                    sink,
+                    bluerdma_sim::link::CaptureDirection::Both,
+                ))
+            }
+            None => Box::new(link),
+        };
         let mut cfg = crate::oob::TcpOobConfig::new(spec.ip);
         cfg.port = oob_port;
         let oob = crate::oob::TcpOob::bind(cfg).map_err(|e| {
             log::error!("open {}: {e}", spec.name);
             fail("the out-of-band port is taken (see the log)")
         })?;
-        Self::open_emulated_with_oob(spec, Box::new(link), Some(Box::new(oob)))
+        Self::open_emulated_with_oob(spec, link, Some(Box::new(oob)))
     }
 
     /// Starts an emulated card on `link` and opens the driver on it, announcing receive WRs
@@ -481,6 +502,7 @@ impl Pd {
             pd: self.clone(),
             _cqs: (send_cq.clone(), recv_cq.clone()),
             qpn,
+            app_psn: Mutex::new((0, 0)),
         })
     }
 }
@@ -681,6 +703,8 @@ pub struct Qp {
     pd: Pd,
     _cqs: (Cq, Cq),
     qpn: Qpn,
+    /// The application's (sq_psn, rq_psn); the wire starts at 0 (see [`Qp::modify`]).
+    app_psn: Mutex<(u32, u32)>,
 }
 
 impl Qp {
@@ -699,12 +723,45 @@ impl Qp {
     }
 
     /// modify_qp with raw ibv attributes and mask.
+    ///
+    /// Every connection's packets start at PSN 0 on the wire, whatever `sq_psn` and
+    /// `rq_psn` say: after a QP reset the card's receive window cannot take a first PSN in
+    /// 0x7FFFF0..=0xFFFF7F (nic-behaviour-review.md P5/P6: the RTL freezes, the emulated NIC
+    /// ignores the packet, so the connection would never complete), and applications such
+    /// as ibv_rc_pingpong pick random PSNs. Both ends run this driver, so they agree. The
+    /// PSNs the application chose are kept: [`Qp::psns`] reports them, advanced by the
+    /// packets sent and received.
     pub fn modify(&self, attr: &RawQpAttr, mask: QpAttrMask) -> Result<(), Error> {
         let ctx = &self.pd.0.ctx;
         let mut clock = ctx.clock();
+        let mut wire = *attr;
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            wire.sq_psn = 0;
+        }
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            wire.rq_psn = 0;
+        }
         ctx.lock()
-            .modify_qp(self.qpn, attr, mask, &mut clock)
-            .map_err(err("modify_qp"))
+            .modify_qp(self.qpn, &wire, mask, &mut clock)
+            .map_err(err("modify_qp"))?;
+        let mut psn = self.app_psn.lock().unwrap_or_else(|e| e.into_inner());
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            psn.0 = attr.sq_psn & 0xFF_FFFF;
+        }
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            psn.1 = attr.rq_psn & 0xFF_FFFF;
+        }
+        Ok(())
+    }
+
+    /// The next PSN this QP sends and the next it expects, in the application's numbering
+    /// (the `sq_psn` and `rq_psn` it set, advanced by the traffic; see [`Qp::modify`]).
+    pub fn psns(&self, slot: &QpSlot) -> (u32, u32) {
+        let (sq, rq) = *self.app_psn.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            sq.wrapping_add(slot.next_psn.get()) & 0xFF_FFFF,
+            rq.wrapping_add(slot.acked_rx.get()) & 0xFF_FFFF,
+        )
     }
 
     /// RESET -> INIT -> RTR -> RTS towards `remote`, sending from `my_psn`, with IB

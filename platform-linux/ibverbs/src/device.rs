@@ -276,6 +276,10 @@ pub unsafe extern "C" fn bv_ibv_close_device(ctx: *mut IbvContext) -> c_int {
     let c = c as *const Ctx as *mut Ctx;
     // SAFETY: allocated by Box in ibv_open_device; the caller gives it up.
     let c = unsafe { Box::from_raw(c) };
+    if let Some(e) = c.engine.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        log::info!("bluerdma{} closed: {:?}", c.dev.index, e.stats());
+        log::info!("bluerdma{} card: {}", c.dev.index, e.card_stats());
+    }
     for fd in c.async_pipe {
         // SAFETY: our pipe's descriptors.
         unsafe { libc::close(fd) };

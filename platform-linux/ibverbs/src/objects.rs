@@ -641,6 +641,7 @@ pub unsafe extern "C" fn bv_ibv_query_qp(
         Ok(s) => s,
         Err(e) => return fail(e),
     };
+    let (sq_psn, rq_psn) = q.qp.psns(&s);
     let mut ah = IbvAhAttr {
         is_global: 1,
         port_num: 1,
@@ -654,8 +655,8 @@ pub unsafe extern "C" fn bv_ibv_query_qp(
         path_mtu: s.pmtu as u32,
         path_mig_state: 0,
         qkey: 0,
-        rq_psn: s.acked_rx.get(),
-        sq_psn: s.next_psn.get(),
+        rq_psn,
+        sq_psn,
         dest_qp_num: s.dest_qpn.get(),
         qp_access_flags: s.access.bits(),
         cap: q.cap,

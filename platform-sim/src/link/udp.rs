@@ -21,7 +21,7 @@
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,8 +80,6 @@ pub struct UdpLink {
     /// The port's own transmit handle; its socket is the one the port receives on.
     tx: UdpSender,
     rx: RecvBuffers,
-    /// The socket's current `SO_RCVTIMEO`, to set it only when the caller's timeout changes.
-    read_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for UdpLink {
@@ -144,7 +142,6 @@ impl UdpLink {
                 LinkStats::new(),
             ),
             rx: RecvBuffers::new(RX_SLOTS, RX_SLOT_LEN),
-            read_timeout: None,
         })
     }
 
@@ -162,14 +159,29 @@ impl UdpLink {
     pub fn recv_buffer_bytes(&self) -> io::Result<usize> {
         socket2::SockRef::from(&*self.tx.socket).recv_buffer_size()
     }
+}
 
-    fn set_read_timeout(&mut self, timeout: Duration) -> io::Result<()> {
-        if self.read_timeout != Some(timeout) {
-            self.tx.socket.set_read_timeout(Some(timeout))?;
-            self.read_timeout = Some(timeout);
-        }
-        Ok(())
+/// Waits up to `timeout` (with nanosecond resolution) for `fd` to become readable.
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd and a timespec on this stack frame; no signal mask.
+    let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        return match err.kind() {
+            io::ErrorKind::Interrupted => Ok(false),
+            _ => Err(err),
+        };
     }
+    Ok(n > 0)
 }
 
 impl UdpSender {
@@ -314,11 +326,13 @@ impl LinkPort for UdpLink {
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
-        let wait = !timeout.is_zero();
-        if wait {
-            self.set_read_timeout(timeout)?;
+        // Wait with ppoll, not the socket's read timeout: SO_RCVTIMEO counts in scheduler
+        // ticks (4 ms here), which turned the card's 10 us quiet timer into 8 ms and made
+        // every multi-packet message wait that long for its acknowledgement.
+        if !timeout.is_zero() && !wait_readable(self.tx.socket.as_fd(), timeout)? {
+            return Ok(0);
         }
-        let queue_drops = mmsg::recv_batch(self.tx.socket.as_fd(), &mut self.rx, wait)?;
+        let queue_drops = mmsg::recv_batch(self.tx.socket.as_fd(), &mut self.rx, false)?;
         let (ip, stats) = (self.tx.config.ip, &self.tx.stats);
         if let Some(drops) = queue_drops {
             stats.raise_to(LinkCounter::RxQueueDrops, u64::from(drops));
