@@ -376,30 +376,10 @@ pub fn tcp_message_rate(len: usize, seconds: f64) -> f64 {
 
 /// TCP ping-pong of 8 B over loopback, half round trip in microseconds (the baseline).
 pub fn tcp_pingpong_us(iters: u32) -> f64 {
-    let listener = TcpListener::bind((IP0, 0)).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let echo = thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        s.set_nodelay(true).unwrap();
-        let mut b = [0u8; 8];
-        while s.read_exact(&mut b).is_ok() {
-            if s.write_all(&b).is_err() {
-                break;
-            }
-        }
-    });
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_nodelay(true).unwrap();
-    let mut b = [0u8; 8];
-    let start = Instant::now();
-    for n in 0..iters as u64 {
-        s.write_all(&n.to_le_bytes()).unwrap();
-        s.read_exact(&mut b).unwrap();
-    }
-    let t = start.elapsed();
-    drop(s);
-    let _ = echo.join();
-    t.as_secs_f64() * 1e6 / iters as f64 / 2.0
+    bluerdma_sim::baseline::tcp_pingpong(IP0, 8, iters)
+        .expect("TCP ping-pong baseline")
+        .as_secs_f64()
+        * 1e6
 }
 
 /// CPU time of this process (user + system) in seconds, from /proc/self/stat.
