@@ -5,8 +5,11 @@
 //! - `cargo xtask sim`: two emulated NICs in one process and the scenarios run against
 //!   them (`platform-sim/src/scenarios.rs`, run through the `sim` example of bluerdma-sim so
 //!   that xtask itself stays free of dependencies).
+//! - `cargo xtask perftest`: ibverbs-utils and perftest over the libibverbs.so.1 stand-in
+//!   on the emulated NIC, next to a TCP baseline (`perftest.rs`).
 
 mod firmware;
+mod perftest;
 
 use std::env;
 use std::io::{BufRead, BufReader, Write};
@@ -24,6 +27,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(&root, &args[1..]),
         Some("sim") => sim(&root, &args[1..]),
         Some("doctor") => doctor(&root, &args[1..]),
+        Some("perftest") => perftest::perftest(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -47,14 +51,18 @@ fn print_help() {
          commands:\n  \
          ci [--quick]   fmt, clippy, all tests, loom model, no_std build for {RISCV_TARGET};\n                 \
          prints a summary table and exits non-zero on any failure\n                 \
-         (--quick skips the loom model and the firmware-target build)\n  \
+         (--quick skips the loom model and the firmware-target build, and runs\n                 \
+         perftest --quick)\n  \
          sim [options]  two emulated NICs (blue0 = 127.0.0.1, blue1 = 127.0.0.2) on the UDP\n                 \
          link and the scenarios run against them; a summary table, non-zero exit on\n                 \
          any mismatch: first the card through raw rings, then the driver engine through\n                 \
          the verbs API (--faults SPEC, --pcap FILE, --seed N, --port N, --only TEXT,\n                 \
          --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details)\n  \
          doctor [opts]  checks this machine for the real card and prints the fix for each\n                 \
-         problem (`cargo xtask doctor --help`)"
+         problem (`cargo xtask doctor --help`)\n  \
+         perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
+         target/ibverbs/libibverbs.so.1 on the emulated NIC, with a TCP baseline;\n                 \
+         a table, non-zero exit on any failure (`cargo xtask perftest --help`)"
     );
 }
 
@@ -214,6 +222,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         rows.push(no_std_build(root, &logs));
         rows.extend(firmware::firmware_checks(root, &logs));
     }
+    rows.push(perftest::ci_row(root, quick));
 
     print_table(&rows);
     let passed: u64 = rows.iter().map(|r| r.passed).sum();

@@ -1,0 +1,1202 @@
+//! `cargo xtask perftest` (issue G): unmodified `ibverbs-utils` and `perftest` binaries on the
+//! emulated NIC, through the `libibverbs.so.1` stand-in (`platform-linux/ibverbs`).
+//!
+//! 1. Builds the stand-in in release and copies it to `target/ibverbs/libibverbs.so.1`.
+//! 2. Installs `ibverbs-utils` and `perftest` with apt-get if `ibv_devinfo` or `ib_write_bw`
+//!    is missing.
+//! 3. Runs `ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong` (polling and `-e`), `ib_write_bw`,
+//!    `ib_read_bw`, `ib_send_bw` and `ib_write_lat` with `LD_LIBRARY_PATH` pointing there;
+//!    every pair is a server on the first device and a client on the second, with its own
+//!    TCP exchange port, and the client starts once the server listens on it. Each command
+//!    has a hard timeout (both ends are killed), and every exit code is checked.
+//! 4. Measures the TCP loopback baseline in the same run ([`bluerdma_sim::baseline`], run
+//!    through `xtask --features tcp-baseline` so that plain `cargo xtask` stays std-only)
+//!    and prints one table with the figures and the ratios to TCP.
+//!
+//! Wiring (main.rs): `mod perftest;`, `Some("perftest") => perftest::perftest(&root,
+//! &args[1..])`, and in `ci`: `rows.push(perftest::ci_row(&root, quick));`.
+
+use std::env;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::Row;
+
+/// The hidden first argument that makes `perftest` measure the TCP baseline only (needs the
+/// `tcp-baseline` feature).
+const TCP_BASELINE: &str = "--tcp-baseline";
+/// The first TCP exchange port (`-p`); pair `i` uses `port + i`. Not the tools' default
+/// (18515), so that a hand-run pair on the same machine does not meet ours.
+const DEFAULT_PORT: u16 = 18600;
+/// The devices when `BLUERDMA_DEVICES` is not set (the stand-in's default).
+const DEFAULT_IPS: [&str; 2] = ["127.0.0.1", "127.0.0.2"];
+/// The UDP port of the emulated link each opened device binds on its address.
+const LINK_PORT: u16 = 4791;
+/// Message sizes: the bandwidth tools and the TCP stream, then the latency tool and the TCP
+/// ping-pong.
+const BW_SIZE: usize = 65536;
+const LAT_SIZE: usize = 8;
+/// Lines of a failed command's output that are printed.
+const TAIL: usize = 25;
+
+const USAGE: &str = "\
+usage: cargo xtask perftest [--quick] [--keep-going] [--only TEXT] [--timeout SECS] [--port N]
+
+Builds target/ibverbs/libibverbs.so.1 (the blue-rdma stand-in) and runs ibverbs-utils and
+perftest over it on the emulated NIC (bluerdma0 = server, bluerdma1 = client; the devices
+come from BLUERDMA_DEVICES when it is set), next to a TCP loopback baseline measured in the
+same run. Installs ibverbs-utils and perftest with apt-get if they are missing.
+
+options:
+  --quick         fewer iterations (bw/lat -n 200, pingpong -n 100) and a shorter baseline
+  --keep-going    run every tool even after one failed (default: stop at the first failure)
+  --only TEXT     run only the tools whose command line contains TEXT (e.g. `write_bw`, `-e`)
+  --timeout SECS  hard limit per command; both ends of a pair are killed (default 30)
+  --port N        first TCP exchange port (-p); pair i uses N + i (default 18600)
+";
+
+/// Options of one run.
+#[derive(Clone, Debug)]
+struct Opts {
+    quick: bool,
+    keep_going: bool,
+    only: Option<String>,
+    timeout: Duration,
+    port: u16,
+}
+
+impl Opts {
+    fn parse(args: &[String]) -> Result<Option<Opts>, String> {
+        let mut o = Opts {
+            quick: false,
+            keep_going: false,
+            only: None,
+            timeout: Duration::from_secs(30),
+            port: DEFAULT_PORT,
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = |what: &str| {
+                it.next()
+                    .ok_or_else(|| format!("perftest: {a} needs {what}"))
+                    .cloned()
+            };
+            match a.as_str() {
+                "--quick" => o.quick = true,
+                "--keep-going" => o.keep_going = true,
+                "--only" => o.only = Some(value("a text")?),
+                "--timeout" => {
+                    let v = value("a number of seconds")?;
+                    let secs: u64 = v
+                        .parse()
+                        .map_err(|_| format!("perftest: --timeout {v}: not a number"))?;
+                    o.timeout = Duration::from_secs(secs.max(1));
+                }
+                "--port" => {
+                    let v = value("a port")?;
+                    o.port = v
+                        .parse()
+                        .map_err(|_| format!("perftest: --port {v}: not a port"))?;
+                }
+                "--help" | "-h" => {
+                    print!("{USAGE}");
+                    return Ok(None);
+                }
+                other => return Err(format!("perftest: unknown option `{other}`\n{USAGE}")),
+            }
+        }
+        Ok(Some(o))
+    }
+
+    /// Whether `--only` selects the tool run as `label`.
+    fn selects(&self, label: &str) -> bool {
+        self.only.as_deref().is_none_or(|t| label.contains(t))
+    }
+
+    /// `-n` of the bandwidth and latency tools, and of the ping-pong.
+    fn iters(&self) -> (u32, u32) {
+        if self.quick {
+            (200, 100)
+        } else {
+            (1000, 500)
+        }
+    }
+
+    /// Seconds of TCP stream and round trips of TCP ping-pong.
+    fn baseline(&self) -> (f64, u32) {
+        if self.quick {
+            (0.3, 2_000)
+        } else {
+            (1.0, 10_000)
+        }
+    }
+}
+
+/// `cargo xtask perftest [OPTIONS]`.
+pub fn perftest(root: &Path, args: &[String]) -> Result<(), String> {
+    if args.first().map(String::as_str) == Some(TCP_BASELINE) {
+        return tcp_baseline_main(&args[1..]);
+    }
+    let Some(opts) = Opts::parse(args)? else {
+        return Ok(());
+    };
+    let report = run(root, &opts)?;
+    report.print();
+    report.verdict()
+}
+
+/// The row of `cargo xtask ci`: every tool run counts as one check (passed or failed), and
+/// the note carries the headline figures or the first failure.
+pub fn ci_row(root: &Path, quick: bool) -> Row {
+    println!("ci: perftest: ibverbs-utils and perftest over target/ibverbs/libibverbs.so.1");
+    let start = Instant::now();
+    let opts = Opts {
+        quick,
+        keep_going: true,
+        only: None,
+        timeout: Duration::from_secs(30),
+        port: DEFAULT_PORT,
+    };
+    let suite = "perftest (ibverbs tools)".to_string();
+    match run(root, &opts) {
+        Ok(report) => {
+            report.print();
+            let failed = report.runs.iter().filter(|r| !r.ok()).count() as u64
+                + report.baseline.is_err() as u64;
+            Row {
+                suite,
+                passed: report.runs.iter().filter(|r| r.ok()).count() as u64,
+                failed,
+                time: start.elapsed(),
+                note: match report.verdict() {
+                    Ok(()) => report.headline(),
+                    Err(e) => e,
+                },
+            }
+        }
+        Err(e) => {
+            eprintln!("ci: perftest: {e}");
+            Row {
+                suite,
+                passed: 0,
+                failed: 1,
+                time: start.elapsed(),
+                note: e,
+            }
+        }
+    }
+}
+
+/// What one run found.
+struct Report {
+    runs: Vec<ToolRun>,
+    baseline: Result<Baseline, String>,
+    lib_dir: PathBuf,
+    elapsed: Duration,
+}
+
+/// Builds the library, makes sure the tools are there, and runs everything.
+fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
+    let start = Instant::now();
+    let lib_dir = build_library(root)?;
+    ensure_tools(opts)?;
+    let ips = device_ips();
+    if ips.len() < 2 {
+        return Err(format!(
+            "perftest: needs two devices, BLUERDMA_DEVICES gives {}",
+            ips.len()
+        ));
+    }
+    check_link_ports_free(&ips)?;
+    let logs = root.join("target").join("xtask").join("perftest");
+    fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let ctx = RunCtx {
+        lib_dir: &lib_dir,
+        logs: &logs,
+        timeout: opts.timeout,
+    };
+
+    let baseline = measure_baseline(root, opts, &ips[0]);
+    let mut runs = Vec::new();
+    for (tool, check) in [
+        ("ibv_devices", Check::Devices),
+        ("ibv_devinfo", Check::DevInfo),
+    ] {
+        if !opts.selects(tool) {
+            continue;
+        }
+        let run = ctx.single(tool, check, ips.len());
+        let ok = run.ok();
+        runs.push(run);
+        if !ok && !opts.keep_going {
+            return Ok(Report::new(runs, baseline, lib_dir, start));
+        }
+    }
+    for (i, pair) in pairs(opts).iter().enumerate() {
+        if !opts.selects(&format!("{} {}", pair.tool, pair.tag)) {
+            continue;
+        }
+        let port = opts.port.wrapping_add(i as u16);
+        let pair_runs = ctx.pair(pair, port, &ips[0]);
+        let ok = pair_runs.iter().all(ToolRun::ok);
+        runs.extend(pair_runs);
+        if !ok && !opts.keep_going {
+            break;
+        }
+    }
+    Ok(Report::new(runs, baseline, lib_dir, start))
+}
+
+/// `cargo build --release -p bluerdma-ibverbs`, then the copy named `libibverbs.so.1`.
+fn build_library(root: &Path) -> Result<PathBuf, String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    println!("perftest: cargo build --release -p bluerdma-ibverbs");
+    let status = Command::new(&cargo)
+        .args(["build", "--quiet", "--release", "-p", "bluerdma-ibverbs"])
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cannot start `{cargo} build`: {e}"))?;
+    if !status.success() {
+        return Err("perftest: building bluerdma-ibverbs failed (see above)".into());
+    }
+    let built = root.join("target").join("release").join("libibverbs.so");
+    let dir = root.join("target").join("ibverbs");
+    fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let lib = dir.join("libibverbs.so.1");
+    // Remove first: a running tool may still map the old file, which a copy would overwrite.
+    let _ = fs::remove_file(&lib);
+    fs::copy(&built, &lib)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), lib.display()))?;
+    println!("perftest: the stand-in is {}", lib.display());
+    println!("perftest:   export LD_LIBRARY_PATH={}", dir.display());
+    Ok(dir)
+}
+
+/// Whether `bin` is an executable file in a `PATH` directory.
+fn on_path(bin: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    env::var_os("PATH").is_some_and(|path| {
+        env::split_paths(&path).any(|d| {
+            fs::metadata(d.join(bin))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// Installs `ibverbs-utils` and `perftest` with apt-get when their probe binary is missing.
+fn ensure_tools(opts: &Opts) -> Result<(), String> {
+    let missing: Vec<&str> = [
+        ("ibv_devinfo", "ibverbs-utils"),
+        ("ib_write_bw", "perftest"),
+    ]
+    .iter()
+    .filter(|(bin, _)| !on_path(bin))
+    .map(|(_, pkg)| *pkg)
+    .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let list = missing.join(" ");
+    if !on_path("apt-get") {
+        return Err(format!(
+            "perftest: {list} not installed and apt-get is not available; install them with \
+             the system's package manager"
+        ));
+    }
+    let root_user = fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false);
+    let sudo: &[&str] = if root_user { &[] } else { &["sudo", "-n"] };
+    let apt = |args: &[&str]| -> Result<(), String> {
+        let mut argv: Vec<&str> = sudo.to_vec();
+        argv.push("apt-get");
+        argv.extend_from_slice(args);
+        println!("perftest: {}", argv.join(" "));
+        let child = Command::new(argv[0])
+            .args(&argv[1..])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
+        let limit = Duration::from_secs(300).max(opts.timeout);
+        match Proc::started(child).wait(Instant::now() + limit) {
+            Exit::Code(0) => Ok(()),
+            other => Err(format!(
+                "perftest: `{}` failed ({other}); install {list} by hand \
+                 (apt-get install {list})",
+                argv.join(" ")
+            )),
+        }
+    };
+    println!("perftest: {list} missing: installing with apt-get");
+    apt(&["update", "-q"])?;
+    let mut install = vec!["install", "-y", "-q", "--no-install-recommends"];
+    install.extend(missing.iter().copied());
+    apt(&install)?;
+    for bin in ["ibv_devinfo", "ib_write_bw"] {
+        if !on_path(bin) {
+            return Err(format!(
+                "perftest: {bin} still missing after installing {list}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The device addresses in order (`bluerdma0`, `bluerdma1`, …), as the stand-in reads them.
+fn device_ips() -> Vec<String> {
+    match env::var("BLUERDMA_DEVICES") {
+        Ok(v) if !v.trim().is_empty() => v
+            .split(',')
+            .map(|d| d.rsplit('=').next().unwrap_or(d).trim().to_string())
+            .filter(|ip| !ip.is_empty())
+            .collect(),
+        _ => DEFAULT_IPS.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Each opened device binds UDP `<ip>:4791`; a stray process holding it makes every tool
+/// fail with `Address already in use`, so say so once, up front.
+fn check_link_ports_free(ips: &[String]) -> Result<(), String> {
+    let taken: Vec<String> = ips
+        .iter()
+        .filter(|ip| {
+            ip.parse::<std::net::Ipv4Addr>()
+                .is_ok_and(|a| socket_in(&["/proc/net/udp"], Some(a), LINK_PORT, None))
+        })
+        .map(|ip| format!("{ip}:{LINK_PORT}"))
+        .collect();
+    if taken.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "perftest: UDP {} already bound by another process (an ibverbs tool or \
+             `cargo xtask sim` still running?); stop it (`ss -uanp | grep {LINK_PORT}`) or \
+             run with other addresses, e.g. BLUERDMA_DEVICES=a=127.0.9.1,b=127.0.9.2",
+            taken.join(", ")
+        ))
+    }
+}
+
+/// Whether a socket in the `/proc/net/{tcp,udp}*` tables has local `port` (and address
+/// `ip` if given; IPv4 tables only then) and state `state` (hex, `0A` = LISTEN) if given.
+fn socket_in(
+    tables: &[&str],
+    ip: Option<std::net::Ipv4Addr>,
+    port: u16,
+    state: Option<&str>,
+) -> bool {
+    let want_port = format!("{port:04X}");
+    // /proc/net/udp and tcp print the IPv4 address as the native-endian u32 in hex.
+    let want_ip = ip.map(|a| format!("{:08X}", u32::from_ne_bytes(a.octets())));
+    tables.iter().any(|t| {
+        fs::read_to_string(t).is_ok_and(|s| {
+            s.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let Some((addr, p)) = f.get(1).and_then(|a| a.rsplit_once(':')) else {
+                    return false;
+                };
+                p == want_port
+                    && want_ip.as_deref().is_none_or(|w| addr == w)
+                    && state.is_none_or(|s| f.get(3) == Some(&s))
+            })
+        })
+    })
+}
+
+fn listening(port: u16) -> bool {
+    socket_in(&["/proc/net/tcp", "/proc/net/tcp6"], None, port, Some("0A"))
+}
+
+/// How a command ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Exit {
+    Code(i32),
+    Signal(i32),
+    /// Killed by us at the deadline (or because its peer failed and it did not follow).
+    Timeout,
+    /// Could not be started.
+    NoStart,
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "{c}"),
+            Exit::Signal(s) => write!(f, "sig {s}"),
+            Exit::Timeout => write!(f, "timeout"),
+            Exit::NoStart => write!(f, "no start"),
+        }
+    }
+}
+
+impl From<ExitStatus> for Exit {
+    fn from(s: ExitStatus) -> Exit {
+        use std::os::unix::process::ExitStatusExt;
+        match (s.code(), s.signal()) {
+            (Some(c), _) => Exit::Code(c),
+            (None, Some(sig)) => Exit::Signal(sig),
+            (None, None) => Exit::Code(-1),
+        }
+    }
+}
+
+/// A started command that is waited for with a deadline.
+struct Proc {
+    child: Option<Child>,
+    exit: Option<Exit>,
+    started: Instant,
+    ended: Option<Instant>,
+}
+
+impl Proc {
+    fn started(child: Child) -> Proc {
+        Proc {
+            child: Some(child),
+            exit: None,
+            started: Instant::now(),
+            ended: None,
+        }
+    }
+
+    fn failed_to_start() -> Proc {
+        Proc {
+            child: None,
+            exit: Some(Exit::NoStart),
+            started: Instant::now(),
+            ended: Some(Instant::now()),
+        }
+    }
+
+    /// Records the exit if the command has ended; true once it has.
+    fn poll(&mut self) -> bool {
+        if self.exit.is_none() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.exit = Some(status.into());
+                self.ended = Some(Instant::now());
+            }
+        }
+        self.exit.is_some()
+    }
+
+    fn kill(&mut self) {
+        if !self.poll() {
+            if let Some(c) = self.child.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            self.exit = Some(Exit::Timeout);
+            self.ended = Some(Instant::now());
+        }
+    }
+
+    fn wait(mut self, deadline: Instant) -> Exit {
+        wait_all(std::slice::from_mut(&mut self), deadline);
+        self.exit.unwrap_or(Exit::Timeout)
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.ended.unwrap_or_else(Instant::now) - self.started
+    }
+}
+
+/// Waits for every command until `deadline`, then kills the ones still running. Once one
+/// has failed, the others get five more seconds (a server whose client died would otherwise
+/// wait for the whole timeout).
+fn wait_all(procs: &mut [Proc], mut deadline: Instant) {
+    let grace = Duration::from_secs(5);
+    loop {
+        let mut all = true;
+        for p in procs.iter_mut() {
+            all &= p.poll();
+        }
+        if all {
+            return;
+        }
+        let now = Instant::now();
+        if procs
+            .iter()
+            .any(|p| p.exit.is_some_and(|e| e != Exit::Code(0)))
+        {
+            deadline = deadline.min(now + grace);
+        }
+        if now >= deadline {
+            procs.iter_mut().for_each(Proc::kill);
+            return;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What is checked in, or read from, a command's output.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Check {
+    /// `ibv_devices`: every device listed.
+    Devices,
+    /// `ibv_devinfo`: every device listed, each port `PORT_ACTIVE`.
+    DevInfo,
+    /// `ibv_rc_pingpong`: usec/iter.
+    Pingpong,
+    /// `ib_*_bw`: BW average and MsgRate.
+    Bw,
+    /// `ib_*_lat`: t_typical and t_avg.
+    Lat,
+}
+
+/// One command of the run, as it ended.
+struct ToolRun {
+    /// The tool and the flags that tell it apart (`ibv_rc_pingpong -e`).
+    label: String,
+    role: &'static str,
+    exit: Exit,
+    time: Duration,
+    /// The figure column (or what the output check found wrong).
+    figure: String,
+    /// The headline figure: MB/s for bandwidth, usec for latency.
+    value: Option<f64>,
+    /// Set when the exit was 0 but the output is not what it must be.
+    problem: Option<String>,
+    log: PathBuf,
+    command: String,
+}
+
+impl ToolRun {
+    fn ok(&self) -> bool {
+        self.exit == Exit::Code(0) && self.problem.is_none()
+    }
+}
+
+/// One server/client pair.
+struct Pair {
+    tool: &'static str,
+    /// Extra flags that set the pair apart in the table.
+    tag: &'static str,
+    args: Vec<String>,
+    check: Check,
+}
+
+fn pairs(opts: &Opts) -> Vec<Pair> {
+    let (n, pp) = opts.iters();
+    let pingpong = |tag: &'static str| {
+        let mut args = vec!["-g".into(), "0".into(), "-n".into(), pp.to_string()];
+        args.extend((!tag.is_empty()).then(|| tag.to_string()));
+        Pair {
+            tool: "ibv_rc_pingpong",
+            tag,
+            args,
+            check: Check::Pingpong,
+        }
+    };
+    let perf = |tool: &'static str, size: usize, check: Check| Pair {
+        tool,
+        tag: "",
+        args: vec!["-s".into(), size.to_string(), "-n".into(), n.to_string()],
+        check,
+    };
+    vec![
+        pingpong(""),
+        pingpong("-e"),
+        perf("ib_write_bw", BW_SIZE, Check::Bw),
+        perf("ib_read_bw", BW_SIZE, Check::Bw),
+        perf("ib_send_bw", BW_SIZE, Check::Bw),
+        perf("ib_write_lat", LAT_SIZE, Check::Lat),
+    ]
+}
+
+/// Where the commands run: the library directory, the log directory and the timeout.
+struct RunCtx<'a> {
+    lib_dir: &'a Path,
+    logs: &'a Path,
+    timeout: Duration,
+}
+
+impl RunCtx<'_> {
+    /// Starts `tool args` with the stand-in first on the library path and its stdout and
+    /// stderr (interleaved) in `log`.
+    fn spawn(&self, tool: &str, args: &[String], log: &Path) -> Proc {
+        let path = match env::var_os("LD_LIBRARY_PATH") {
+            Some(old) if !old.is_empty() => {
+                let mut p = self.lib_dir.as_os_str().to_owned();
+                p.push(":");
+                p.push(old);
+                p
+            }
+            _ => self.lib_dir.as_os_str().to_owned(),
+        };
+        let files = File::create(log).and_then(|f| Ok((f.try_clone()?, f)));
+        let Ok((out, err)) = files else {
+            return Proc::failed_to_start();
+        };
+        // Line-buffered stdout (stdbuf execs the tool, same pid), so that a tool killed at
+        // the deadline still leaves what it printed in the log.
+        let mut cmd = if on_path("stdbuf") {
+            let mut c = Command::new("stdbuf");
+            c.args(["-oL", "-eL", tool]);
+            c
+        } else {
+            Command::new(tool)
+        };
+        cmd.args(args)
+            .env("LD_LIBRARY_PATH", path)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_or_else(|_| Proc::failed_to_start(), Proc::started)
+    }
+
+    fn log(&self, label: &str, role: &str) -> PathBuf {
+        let name: String = format!("{label} {role}")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        self.logs.join(format!("{name}.log"))
+    }
+
+    /// A command without a peer (`ibv_devices`, `ibv_devinfo`).
+    fn single(&self, tool: &str, check: Check, devices: usize) -> ToolRun {
+        let log = self.log(tool, "");
+        println!("perftest: {tool}");
+        let mut p = self.spawn(tool, &[], &log);
+        wait_all(std::slice::from_mut(&mut p), Instant::now() + self.timeout);
+        finish(tool.into(), "-", &p, check, devices, log, tool.into())
+    }
+
+    /// Server on the first device, then (once it listens on `port`) client on the second.
+    fn pair(&self, pair: &Pair, port: u16, server_ip: &str) -> Vec<ToolRun> {
+        let label = format!("{} {}", pair.tool, pair.tag).trim().to_string();
+        let mut server_args = vec!["-d".to_string(), "bluerdma0".into()];
+        server_args.extend(pair.args.iter().cloned());
+        server_args.extend(["-p".into(), port.to_string()]);
+        let mut client_args = server_args.clone();
+        client_args[1] = "bluerdma1".into();
+        client_args.push(server_ip.into());
+        let cmd = |args: &[String]| format!("{} {}", pair.tool, args.join(" "));
+        let (slog, clog) = (self.log(&label, "server"), self.log(&label, "client"));
+        println!("perftest: {}  &&  {}", cmd(&server_args), cmd(&client_args));
+        let deadline = Instant::now() + self.timeout;
+        let mut procs = Vec::with_capacity(2);
+        if listening(port) {
+            let note = format!("TCP port {port} is already in use; pick another with --port");
+            let mut runs = Vec::new();
+            for (role, args, log) in [
+                ("server", &server_args, slog),
+                ("client", &client_args, clog),
+            ] {
+                let mut r = finish(
+                    label.clone(),
+                    role,
+                    &Proc::failed_to_start(),
+                    pair.check,
+                    0,
+                    log,
+                    cmd(args),
+                );
+                r.problem = Some(note.clone());
+                r.figure = note.clone();
+                runs.push(r);
+            }
+            return runs;
+        }
+        procs.push(self.spawn(pair.tool, &server_args, &slog));
+        // The client starts once the server's exchange port listens, not after a fixed sleep.
+        while !procs[0].poll() && !listening(port) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        procs.push(if procs[0].exit.is_none() && listening(port) {
+            self.spawn(pair.tool, &client_args, &clog)
+        } else {
+            let _ = File::create(&clog);
+            Proc::failed_to_start()
+        });
+        wait_all(&mut procs, deadline);
+        vec![
+            finish(
+                label.clone(),
+                "server",
+                &procs[0],
+                pair.check,
+                0,
+                slog,
+                cmd(&server_args),
+            ),
+            finish(
+                label,
+                "client",
+                &procs[1],
+                pair.check,
+                0,
+                clog,
+                cmd(&client_args),
+            ),
+        ]
+    }
+}
+
+/// Reads the log of an ended command and makes its row.
+fn finish(
+    label: String,
+    role: &'static str,
+    p: &Proc,
+    check: Check,
+    devices: usize,
+    log: PathBuf,
+    command: String,
+) -> ToolRun {
+    let out = fs::read(&log)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let (figure, value, problem) = examine(check, &out, devices);
+    let exit = p.exit.unwrap_or(Exit::Timeout);
+    ToolRun {
+        label,
+        role,
+        exit,
+        time: p.elapsed(),
+        figure: if exit == Exit::Code(0) || value.is_some() {
+            figure
+        } else {
+            "-".into()
+        },
+        value,
+        problem: problem.filter(|_| exit == Exit::Code(0)),
+        log,
+        command,
+    }
+}
+
+/// The figure column, the headline value and (if the output is wrong) the problem.
+fn examine(check: Check, out: &str, devices: usize) -> (String, Option<f64>, Option<String>) {
+    let names: Vec<String> = (0..devices).map(|i| format!("bluerdma{i}")).collect();
+    match check {
+        Check::Devices => {
+            let missing: Vec<&String> = names
+                .iter()
+                .filter(|n| {
+                    !out.lines()
+                        .any(|l| l.split_whitespace().next() == Some(n.as_str()))
+                })
+                .collect();
+            let found = out
+                .lines()
+                .filter(|l| l.trim_start().starts_with("bluerdma"))
+                .count();
+            let problem = (!missing.is_empty()).then(|| format!("missing {missing:?}"));
+            (format!("{found} devices"), None, problem)
+        }
+        Check::DevInfo => {
+            let hcas: Vec<&str> = out
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("hca_id:"))
+                .map(str::trim)
+                .collect();
+            let active = out.matches("PORT_ACTIVE").count();
+            let missing: Vec<&String> = names
+                .iter()
+                .filter(|n| !hcas.contains(&n.as_str()))
+                .collect();
+            let problem = if !missing.is_empty() {
+                Some(format!("missing {missing:?}"))
+            } else if active < devices {
+                Some(format!("{active} of {devices} ports PORT_ACTIVE"))
+            } else {
+                None
+            };
+            (
+                format!("{} hca, {active} PORT_ACTIVE", hcas.len()),
+                None,
+                problem,
+            )
+        }
+        Check::Pingpong => {
+            let usec = out
+                .lines()
+                .find(|l| l.contains("usec/iter"))
+                .and_then(|l| number_before(l, "usec/iter"));
+            match usec {
+                Some(u) => (format!("{u:.2} usec/iter"), Some(u), None),
+                None => ("-".into(), None, Some("no `usec/iter` line".into())),
+            }
+        }
+        Check::Bw => {
+            let t = perftest_table(out);
+            let bw = column(&t, "BW average");
+            let rate = column(&t, "MsgRate");
+            match (bw, rate) {
+                (Some(bw), Some(rate)) => (
+                    format!("BW average {bw:.2} MB/s, MsgRate {rate:.6} Mpps"),
+                    Some(bw),
+                    None,
+                ),
+                _ => ("-".into(), None, Some("no result table".into())),
+            }
+        }
+        Check::Lat => {
+            let t = perftest_table(out);
+            match (column(&t, "t_typical"), column(&t, "t_avg")) {
+                (Some(typ), Some(avg)) => (
+                    format!("t_typical {typ:.2} usec, t_avg {avg:.2} usec"),
+                    Some(typ),
+                    None,
+                ),
+                _ => ("-".into(), None, Some("no result table".into())),
+            }
+        }
+    }
+}
+
+/// The number just before `unit` in `line` (`... = 123.45 usec/iter`).
+fn number_before(line: &str, unit: &str) -> Option<f64> {
+    let (before, _) = line.split_once(unit)?;
+    before.split_whitespace().last()?.parse().ok()
+}
+
+/// perftest's result table: the header line that starts with `#bytes` and the first line of
+/// numbers after it, as (column name, value). Column names are runs of words up to one that
+/// ends in `]` (`BW average[MB/sec]`, `99% percentile[usec]`), or a `#` word.
+fn perftest_table(out: &str) -> Vec<(String, f64)> {
+    let mut lines = out
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("#bytes"));
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    let mut name = String::new();
+    for word in header.split_whitespace() {
+        if !name.is_empty() {
+            name.push(' ');
+        }
+        name.push_str(word);
+        if word.starts_with('#') || word.ends_with(']') {
+            names.push(std::mem::take(&mut name));
+        }
+    }
+    let values = lines
+        .map(|l| {
+            l.split_whitespace()
+                .map(str::parse::<f64>)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .find_map(|v| v.ok().filter(|v| !v.is_empty()))
+        .unwrap_or_default();
+    names.into_iter().zip(values).collect()
+}
+
+fn column(table: &[(String, f64)], prefix: &str) -> Option<f64> {
+    table
+        .iter()
+        .find(|(n, _)| n.starts_with(prefix))
+        .map(|(_, v)| *v)
+}
+
+/// The TCP loopback figures, in perftest's units.
+#[derive(Clone, Copy, Debug)]
+struct Baseline {
+    /// 64 KiB `write_all` stream, MB/s with perftest's MB (2^20 bytes).
+    stream_mb_s: f64,
+    /// 8 B ping-pong, half a round trip in usec (what `ib_write_lat` reports).
+    pingpong_us: f64,
+}
+
+/// Runs `xtask --features tcp-baseline perftest --tcp-baseline SECS ITERS IP` in release and
+/// reads its two figures.
+fn measure_baseline(root: &Path, opts: &Opts, ip: &str) -> Result<Baseline, String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let (secs, iters) = opts.baseline();
+    println!("perftest: TCP loopback baseline ({BW_SIZE} B stream for {secs} s, {LAT_SIZE} B ping-pong x {iters})");
+    let out = Command::new(&cargo)
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "-p",
+            "xtask",
+            "--features",
+            "tcp-baseline",
+            "--",
+        ])
+        .args([
+            "perftest",
+            TCP_BASELINE,
+            &secs.to_string(),
+            &iters.to_string(),
+            ip,
+        ])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    match (
+        out.status.success(),
+        field("stream_mb_s"),
+        field("pingpong_us"),
+    ) {
+        (true, Some(stream_mb_s), Some(pingpong_us)) => Ok(Baseline {
+            stream_mb_s,
+            pingpong_us,
+        }),
+        _ => Err(format!("TCP baseline failed: {}", text.trim())),
+    }
+}
+
+/// `perftest --tcp-baseline SECS ITERS IP`: prints `stream_mb_s X` and `pingpong_us Y`.
+#[cfg(feature = "tcp-baseline")]
+fn tcp_baseline_main(args: &[String]) -> Result<(), String> {
+    use bluerdma_sim::baseline::{tcp_pingpong, tcp_stream};
+    let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
+    let secs: f64 = arg(0).parse().map_err(|_| "--tcp-baseline SECS ITERS IP")?;
+    let iters: u32 = arg(1).parse().map_err(|_| "--tcp-baseline SECS ITERS IP")?;
+    let ip: std::net::Ipv4Addr = arg(2).parse().map_err(|_| "--tcp-baseline SECS ITERS IP")?;
+    let chunk = vec![7u8; BW_SIZE];
+    let stream = tcp_stream(ip, &chunk, Duration::from_secs_f64(secs))
+        .map_err(|e| format!("TCP stream: {e}"))?;
+    let half_rtt = tcp_pingpong(ip, LAT_SIZE, iters).map_err(|e| format!("TCP ping-pong: {e}"))?;
+    println!(
+        "stream_mb_s {:.2}",
+        stream.bytes as f64 / stream.elapsed.as_secs_f64() / (1u64 << 20) as f64
+    );
+    println!("pingpong_us {:.3}", half_rtt.as_secs_f64() * 1e6);
+    Ok(())
+}
+
+#[cfg(not(feature = "tcp-baseline"))]
+fn tcp_baseline_main(_: &[String]) -> Result<(), String> {
+    Err(format!(
+        "perftest {TCP_BASELINE} needs the tcp-baseline feature (cargo xtask perftest runs it)"
+    ))
+}
+
+/// The last `n` lines of `out`, runs of lines that differ only in their digits (a warning
+/// per packet) folded into one line with its count.
+fn print_tail_folded(out: &str, n: usize) {
+    let shape = |l: &str| l.replace(|c: char| c.is_ascii_hexdigit(), "#");
+    let mut folded: Vec<(usize, &str)> = Vec::new();
+    for line in out.lines() {
+        match folded.last_mut() {
+            Some((count, last)) if shape(last) == shape(line) => {
+                *count += 1;
+                *last = line;
+            }
+            _ => folded.push((1, line)),
+        }
+    }
+    for (count, line) in &folded[folded.len().saturating_sub(n)..] {
+        if *count > 1 {
+            eprintln!("  | [{count} lines like] {line}");
+        } else {
+            eprintln!("  | {line}");
+        }
+    }
+}
+
+impl Report {
+    fn new(
+        runs: Vec<ToolRun>,
+        baseline: Result<Baseline, String>,
+        lib_dir: PathBuf,
+        start: Instant,
+    ) -> Report {
+        Report {
+            runs,
+            baseline,
+            lib_dir,
+            elapsed: start.elapsed(),
+        }
+    }
+
+    /// The client's figure of `tool` (the server prints the same table for bw).
+    fn figure(&self, tool: &str) -> Option<f64> {
+        let of = |role: &str| {
+            self.runs
+                .iter()
+                .find(|r| r.label == tool && r.role == role && r.ok())
+                .and_then(|r| r.value)
+        };
+        of("client").or_else(|| of("server"))
+    }
+
+    /// `ib_write_bw / TCP` and `ib_write_lat / TCP` lines.
+    fn ratios(&self) -> Vec<String> {
+        let Ok(b) = &self.baseline else {
+            return Vec::new();
+        };
+        let mut lines = Vec::new();
+        if let Some(bw) = self.figure("ib_write_bw") {
+            lines.push(format!(
+                "ib_write_bw / TCP stream:     {:.4} ({bw:.2} / {:.2} MB/s)",
+                bw / b.stream_mb_s,
+                b.stream_mb_s
+            ));
+        }
+        if let Some(lat) = self.figure("ib_write_lat") {
+            lines.push(format!(
+                "ib_write_lat / TCP ping-pong: {:.2} ({lat:.2} / {:.2} usec, t_typical / half RTT)",
+                lat / b.pingpong_us,
+                b.pingpong_us
+            ));
+        }
+        lines
+    }
+
+    /// The note of the ci row.
+    fn headline(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(bw) = self.figure("ib_write_bw") {
+            parts.push(format!("write_bw {bw:.1} MB/s"));
+        }
+        if let Some(lat) = self.figure("ib_write_lat") {
+            parts.push(format!("write_lat {lat:.1} us"));
+        }
+        if let Ok(b) = &self.baseline {
+            parts.push(format!(
+                "TCP {:.0} MB/s, {:.1} us",
+                b.stream_mb_s, b.pingpong_us
+            ));
+        }
+        parts.join("; ")
+    }
+
+    fn print(&self) {
+        let w = self
+            .runs
+            .iter()
+            .map(|r| r.label.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        println!();
+        println!(
+            "{:<w$}  {:<6}  {:>8}  {:>7}  figure",
+            "tool", "role", "exit", "time"
+        );
+        println!("{}", "-".repeat(w + 70));
+        for r in &self.runs {
+            let figure = match &r.problem {
+                Some(p) => format!("{}  BAD OUTPUT: {p}", r.figure),
+                None => r.figure.clone(),
+            };
+            println!(
+                "{:<w$}  {:<6}  {:>8}  {:>6.1}s  {figure}",
+                r.label,
+                r.role,
+                r.exit.to_string(),
+                r.time.as_secs_f64()
+            );
+        }
+        println!("{}", "-".repeat(w + 70));
+        match &self.baseline {
+            Ok(b) => println!(
+                "TCP loopback: {BW_SIZE} B stream {:.2} MB/s; {LAT_SIZE} B ping-pong {:.2} usec \
+                 (half round trip); MB = 2^20 B as in perftest",
+                b.stream_mb_s, b.pingpong_us
+            ),
+            Err(e) => println!("TCP loopback: {e}"),
+        }
+        for l in self.ratios() {
+            println!("{l}");
+        }
+        let failed: Vec<&ToolRun> = self.runs.iter().filter(|r| !r.ok()).collect();
+        for r in &failed {
+            eprintln!();
+            eprintln!(
+                "perftest: FAILED {} {} (exit {}{}): {}",
+                r.label,
+                r.role,
+                r.exit,
+                r.problem
+                    .as_deref()
+                    .map(|p| format!(", {p}"))
+                    .unwrap_or_default(),
+                r.command
+            );
+            eprintln!("  last lines of {}:", r.log.display());
+            let out = fs::read(&r.log)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            print_tail_folded(&out, TAIL);
+        }
+        println!(
+            "perftest: {} of {} runs passed in {:.0} s; logs in {}; library: export \
+             LD_LIBRARY_PATH={}",
+            self.runs.len() - failed.len(),
+            self.runs.len(),
+            self.elapsed.as_secs_f64(),
+            self.runs
+                .first()
+                .and_then(|r| r.log.parent())
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            self.lib_dir.display()
+        );
+    }
+
+    fn verdict(&self) -> Result<(), String> {
+        let failed: Vec<String> = self
+            .runs
+            .iter()
+            .filter(|r| !r.ok())
+            .map(|r| format!("{} {}", r.label, r.role))
+            .collect();
+        match (&self.baseline, failed.is_empty()) {
+            (Ok(_), true) => Ok(()),
+            (Err(e), true) => Err(format!("perftest: {e}")),
+            (_, false) => Err(format!("perftest: failed: {}", failed.join(", "))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn perftest_tables_are_read_by_column_name() {
+        let bw = "\
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 65536      1000             39.66              17.49  \t\t   0.000280
+---------------------------------------------------------------------------------------
+";
+        let t = perftest_table(bw);
+        assert_eq!(column(&t, "BW average"), Some(17.49));
+        assert_eq!(column(&t, "MsgRate"), Some(0.00028));
+        let lat = "\
+ #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] 
+ 8       1000          20.11          95.20        25.30     \t       26.01        3.10    \t40.00   \t\t90.00   
+";
+        let t = perftest_table(lat);
+        assert_eq!(column(&t, "t_typical"), Some(25.30));
+        assert_eq!(column(&t, "t_avg"), Some(26.01));
+        assert_eq!(column(&t, "99.9% percentile"), Some(90.0));
+        assert!(perftest_table("Couldn't allocate PD\n").is_empty());
+    }
+
+    #[test]
+    fn pingpong_and_devinfo_are_checked() {
+        let (_, v, p) = examine(
+            Check::Pingpong,
+            "8192000 bytes in 0.50 seconds = 131.07 Mbit/sec\n1000 iters in 0.50 seconds = 500.00 usec/iter\n",
+            0,
+        );
+        assert_eq!((v, p), (Some(500.0), None));
+        let info = "hca_id:\tbluerdma0\n\t\tstate:\t\t\tPORT_ACTIVE (4)\nhca_id:\tbluerdma1\n\t\tstate:\t\t\tPORT_DOWN (1)\n";
+        let (_, _, p) = examine(Check::DevInfo, info, 2);
+        assert_eq!(p.as_deref(), Some("1 of 2 ports PORT_ACTIVE"));
+        let (_, _, p) = examine(Check::DevInfo, "hca_id:\tbluerdma0\nPORT_ACTIVE\n", 2);
+        assert!(p.is_some_and(|p| p.contains("bluerdma1")));
+    }
+}
