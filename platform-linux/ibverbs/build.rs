@@ -200,6 +200,10 @@ fn main() {
         if !ours.contains(name) {
             let kind = if POINTER_STUBS.contains(&name.as_str()) {
                 "ptr"
+            } else if name.starts_with("verbs_register_driver_") {
+                // Provider libraries (libmlx5, libefa) call it from their constructors:
+                // nothing to register, nothing to say.
+                "noop"
             } else {
                 "int"
             };

@@ -171,10 +171,15 @@ impl Context {
         let link: Box<dyn LinkPort> = match std::env::var_os(PCAP_ENV) {
             Some(path) => {
                 let path = std::path::PathBuf::from(path).join(format!("{}.pcap", spec.name));
-                let sink = bluerdma_sim::link::PcapSink::create(&path).map_err(|e| {
-                    log::error!("open {}: {PCAP_ENV}: {}: {e}", spec.name, path.display());
-                    fail("the capture file cannot be created (see the log)")
-                })?;
+                // Unbuffered: a process that exits without closing the device (perftest on
+                // an error) still leaves every frame in the file.
+                let file = std::fs::File::create(&path);
+                let sink = file
+                    .and_then(bluerdma_sim::link::PcapSink::new)
+                    .map_err(|e| {
+                        log::error!("open {}: {PCAP_ENV}: {}: {e}", spec.name, path.display());
+                        fail("the capture file cannot be created (see the log)")
+                    })?;
                 log::info!("{}: capturing to {}", spec.name, path.display());
                 Box::new(bluerdma_sim::link::CapturingLink::new(
                     link,

@@ -89,7 +89,10 @@ fn build_library() -> PathBuf {
 
 /// A fresh scratch directory with the library installed as `libibverbs.so.1`.
 fn install(lib: &Path) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ibverbs_c");
+    // One directory per run: two runs at once (or a stuck program of an earlier one still
+    // writing its log) must not remove each other's files.
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ibverbs_c-{}", std::process::id()));
     if dir.exists() {
         fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("remove {}: {e}", dir.display()));
     }
@@ -207,4 +210,6 @@ fn c_programs_pass_on_the_ibverbs_stand_in() {
         dir.display(),
         failures.join("\n\n")
     );
+    // Kept on failure (the message names it); a passing run leaves nothing behind.
+    let _ = fs::remove_dir_all(&dir);
 }

@@ -762,15 +762,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let qpn = Qpn::new(index, key).ok_or(VerbsError::OutOfResources {
             what: "queue pairs",
         })?;
-        let slot = QpSlot {
-            in_use: true,
-            qpn,
-            qp_type,
-            pd,
-            send_cq,
-            recv_cq,
-            ..QpSlot::default()
-        };
+        let slot = fresh_qp(qpn, qp_type, pd, send_cq, recv_cq);
         self.storage.slices().qps[index as usize - 1] = slot;
         if let Err(e) = self.manage_qp(qpn, true, clock) {
             self.storage.slices().qps[index as usize - 1] = QpSlot::default();
@@ -913,16 +905,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     fn reset_qp(&mut self, i: usize) {
         let q = &mut self.storage.slices().qps[i];
-        let keep = QpSlot {
-            in_use: true,
-            qpn: q.qpn,
-            qp_type: q.qp_type,
-            pd: q.pd,
-            send_cq: q.send_cq,
-            recv_cq: q.recv_cq,
-            ..QpSlot::default()
-        };
-        *q = keep;
+        *q = fresh_qp(q.qpn, q.qp_type, q.pd, q.send_cq, q.recv_cq);
     }
 
     /// The QP's state and the attributes the driver honours.
@@ -1265,10 +1248,17 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let (mut w, path, idx, sq_sent, next_psn, next_msn, acked_psn) = {
                 let s = self.storage.slices();
                 let q = &s.qps[i];
-                if q.sq_sent >= q.sq_len || q.state != QpState::Rts && q.state != QpState::Sqd {
+                let idx = i * depth + ((q.sq_head + q.sq_sent) as usize % depth);
+                // A responder in RTR answers READ requests (internal WQEs, the only kind
+                // an RTR QP can hold); everything else waits for RTS.
+                let may_send = match q.state {
+                    QpState::Rts | QpState::Sqd => true,
+                    QpState::Rtr => s.wqes[idx].internal,
+                    _ => false,
+                };
+                if q.sq_sent >= q.sq_len || !may_send {
                     break;
                 }
-                let idx = i * depth + ((q.sq_head + q.sq_sent) as usize % depth);
                 let p = Path::of(q);
                 (
                     s.wqes[idx],
@@ -1592,6 +1582,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 let depth = self.storage.sq_depth();
                 if self.storage.slices().qps[i].sq_len as usize >= depth {
                     self.stats.read_refused += 1;
+                    core_warn!(
+                        "READ request refused: the send queue of QP {:#x} is full",
+                        p.dqpn.get()
+                    );
                     return;
                 }
                 let psn = Psn::from_raw(p.psn);
@@ -2540,6 +2534,24 @@ fn chunk_count(w: &Wqe) -> usize {
 /// Upper bound of the chunks of a request of `len` bytes (an unaligned start adds one).
 fn chunk_count_len(len: u32) -> usize {
     (len as usize).div_ceil(CHUNK_BYTES as usize) + 1
+}
+
+/// A QP in RESET. Its ACK timeout and retry count, which IB sets at RTS, start at the IB
+/// defaults (14 = 67 ms, 7 retries): a responder that stays in RTR (perftest's READ server)
+/// sends READ responses, and a lost one must be resent.
+fn fresh_qp(qpn: Qpn, qp_type: QpType, pd: u32, send_cq: u32, recv_cq: u32) -> QpSlot {
+    QpSlot {
+        in_use: true,
+        qpn,
+        qp_type,
+        pd,
+        send_cq,
+        recv_cq,
+        timeout: 14,
+        retry_cnt: 7,
+        retries_left: 7,
+        ..QpSlot::default()
+    }
 }
 
 fn timeout_of(q: &QpSlot) -> Option<Nanos> {

@@ -2,9 +2,10 @@
 //! data path (the four function pointers the inline verbs jump through).
 
 use core::ffi::{c_int, c_void};
+use std::collections::HashMap;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
@@ -31,6 +32,50 @@ struct Pd {
     ibv: IbvPd,
     pd: VPd,
     engine: Arc<Context>,
+    /// The PD's MRs by key, for READ sinks (see [`Pd::read_sink_key`]).
+    mrs: Mutex<HashMap<u32, MrEntry>>,
+}
+
+/// What a READ needs to know about a registered region.
+struct MrEntry {
+    addr: u64,
+    len: usize,
+    remote_write: bool,
+    /// A second registration of the same bytes with REMOTE_WRITE, made on the first READ
+    /// into a region that lacks it.
+    shadow: Option<VMr>,
+}
+
+impl Pd {
+    /// The key a READ into the region of `lkey` must name as its sink.
+    ///
+    /// The card accepts READ response packets only into an MR with REMOTE_WRITE
+    /// (nic-behaviour.md 2.3 check 6), where verbs ask for LOCAL_WRITE; perftest's
+    /// ib_read_bw registers LOCAL_WRITE | REMOTE_READ. So the first READ into such a region
+    /// registers the same bytes again with REMOTE_WRITE and uses that key for every READ
+    /// into it. The application's own key stays without REMOTE_WRITE; the sink key travels
+    /// in READ requests, so a peer that reads it from the wire could write the region
+    /// (README, hardware limitations).
+    fn read_sink_key(&self, lkey: u32) -> Result<u32, c_int> {
+        let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        // An unknown key is the engine's to refuse (LOC_PROT_ERR names it).
+        let Some(e) = mrs.get_mut(&lkey) else {
+            return Ok(lkey);
+        };
+        if e.remote_write {
+            return Ok(lkey);
+        }
+        if let Some(s) = &e.shadow {
+            return Ok(s.key().get());
+        }
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // SAFETY: the same bytes as the application's registration, which the verbs
+        // contract keeps valid until ibv_dereg_mr; the shadow is dropped with it.
+        let shadow = unsafe { self.pd.reg_mr(e.addr as *mut u8, e.len, access) }.map_err(fail)?;
+        let key = shadow.key().get();
+        e.shadow = Some(shadow);
+        Ok(key)
+    }
 }
 
 /// # Safety
@@ -62,6 +107,7 @@ pub unsafe extern "C" fn bv_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
         },
         pd,
         engine,
+        mrs: Mutex::new(HashMap::new()),
     });
     Box::into_raw(b) as *mut IbvPd
 }
@@ -84,6 +130,18 @@ pub unsafe extern "C" fn bv_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
 struct Mr {
     ibv: IbvMr,
     _mr: VMr,
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: the PD outlives its MRs (ibv_dealloc_pd with MRs left is the
+        // application's error, as with the real library).
+        let pd = unsafe { &*(self.ibv.pd as *const Pd) };
+        pd.mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.ibv.lkey);
+    }
 }
 
 /// Access bits 20..=29 are optional: a device that does not know one ignores it
@@ -138,6 +196,15 @@ unsafe fn reg(
         Err(e) => return null(fail(e)),
     };
     let key = mr.key().get();
+    p.mrs.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        key,
+        MrEntry {
+            addr: addr as u64,
+            len,
+            remote_write: access.contains(AccessFlags::REMOTE_WRITE),
+            shadow: None,
+        },
+    );
     let b = Box::new(Mr {
         ibv: IbvMr {
             context: p.ibv.context,
@@ -736,12 +803,18 @@ unsafe fn send_wr(q: &Qp, wr: &IbvSendWr) -> Result<SendWr, c_int> {
             return Err(libc::EOPNOTSUPP);
         }
     };
+    let lkey = if op == SendOp::Read {
+        // SAFETY: a QP's PD lives as long as the QP.
+        unsafe { &*(q.ibv.pd as *const Pd) }.read_sink_key(sge.lkey)?
+    } else {
+        sge.lkey
+    };
     Ok(SendWr {
         wr_id: wr.wr_id,
         op,
         laddr: VirtAddr(sge.addr),
         len: sge.length,
-        lkey: MrKey::from_raw(sge.lkey),
+        lkey: MrKey::from_raw(lkey),
         raddr: VirtAddr(wr.wr[0]),
         rkey: MrKey::from_raw(wr.wr[1] as u32),
         signaled: q.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0,

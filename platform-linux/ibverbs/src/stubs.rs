@@ -25,6 +25,10 @@ macro_rules! stub {
             core::ptr::null_mut()
         }
     };
+    (noop $f:ident, $name:literal) => {
+        #[no_mangle]
+        pub extern "C" fn $f() {}
+    };
     (int $f:ident, $name:literal) => {
         #[no_mangle]
         pub extern "C" fn $f() -> core::ffi::c_int {
