@@ -60,8 +60,9 @@
 //!   `WouldBlock` means the peer's queue is full: keep the WR and try again after `poll`.
 //! - Each progress step drains `poll`. `RecvWr { from, wr }` goes to the QP whose peer QPN
 //!   is `wr.qpn` and whose peer IP is `from`. `PeerLost { peer }` moves the QPs whose peer
-//!   IP is `peer` to the error state. It also follows a failed dial, so it can come for a
-//!   peer that never had a connection.
+//!   IP is `peer` and that have a SEND waiting for a receive WR to the error state; the
+//!   others keep running until a SEND finds no receive WR. It also follows a failed dial,
+//!   so it can come for a peer that never had a connection.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;

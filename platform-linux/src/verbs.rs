@@ -652,9 +652,17 @@ impl Cq {
             n += 1;
         }
         drop(stash);
-        Ok(n + dev
+        n += dev
             .poll_cq(self.0.cq, &mut out[n..])
-            .map_err(err("poll_cq"))?)
+            .map_err(err("poll_cq"))?;
+        drop(dev);
+        if n == 0 {
+            // An application spinning on an empty CQ (ibv_rc_pingpong, perftest) would
+            // otherwise keep the emulated card's threads and the peer off the CPU on a
+            // small machine: give them the rest of this time slice.
+            thread::yield_now();
+        }
+        Ok(n)
     }
 
     /// Sets the callback [`Cq::arm`] fires (a completion channel's writer). It runs on the

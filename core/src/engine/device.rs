@@ -144,7 +144,8 @@ pub struct EngineStats {
     pub recvs_dropped: u64,
     /// RNR timer expiries (a SEND waited for a receive WR).
     pub rnr_waits: u64,
-    /// QPs moved to ERR because their peer's out-of-band connection broke.
+    /// QPs whose peer's out-of-band connection broke (those with a SEND waiting for a
+    /// receive WR went to ERR).
     pub peers_lost: u64,
 }
 
@@ -1173,17 +1174,34 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     }
                 }
                 OobEvent::PeerLost { peer } => {
+                    // Only what needs the channel fails: a QP with a SEND waiting for the
+                    // peer's receive WR goes to ERR (its WRs flushed). Others keep running,
+                    // as on a real card when a peer process exits: WRITEs and READs use the
+                    // link, receive WRs stay posted, and a later SEND fails at once.
                     let nqps = self.storage.slices().qps.len();
+                    let depth = self.storage.sq_depth();
                     for i in 0..nqps {
-                        let hit = {
-                            let q = &self.storage.slices().qps[i];
-                            q.in_use
+                        let (hit, waiting) = {
+                            let s = self.storage.slices();
+                            let q = &s.qps[i];
+                            let hit = q.in_use
                                 && q.peer_ip == peer
-                                && matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+                                && matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd);
+                            let waiting = hit
+                                && (q.sq_sent..q.sq_len).any(|k| {
+                                    let w = &s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
+                                    w.needs_recv && w.state == WqeState::Pending
+                                });
+                            (hit, waiting)
                         };
-                        if hit {
-                            self.stats.peers_lost += 1;
-                            self.storage.slices().qps[i].state = QpState::Err;
+                        if !hit {
+                            continue;
+                        }
+                        self.stats.peers_lost += 1;
+                        let q = &mut self.storage.slices().qps[i];
+                        q.oob_lost = true;
+                        if waiting {
+                            q.state = QpState::Err;
                             self.flush_qp(i);
                         }
                     }
@@ -1208,6 +1226,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return false;
         };
         let q = &mut self.storage.slices().qps[i];
+        q.oob_lost = false;
         if q.remote_recvs.push_back(wr).is_err() {
             core_error!(
                 "QP {:#x}: more announced receive WRs than the queue holds",
@@ -1274,6 +1293,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 // Match the peer's next announced receive WR (oob-channel.md), or wait for
                 // one under the RNR rules.
                 let Some(r) = self.storage.slices().qps[i].remote_recvs.front().copied() else {
+                    if self.storage.slices().qps[i].oob_lost {
+                        // No receive WR can be announced any more.
+                        self.storage.slices().qps[i].state = QpState::Err;
+                        self.flush_qp(i);
+                        break;
+                    }
                     let q = &mut self.storage.slices().qps[i];
                     if q.rnr_deadline.is_none() {
                         q.rnr_deadline = Some(now + Nanos::ib_rnr_timer(q.min_rnr_timer));

@@ -314,6 +314,9 @@ pub struct QpSlot {
     /// A message end or FIRST report found no room: its PSNs stay unacknowledged until the
     /// requester resends them; NAK the acknowledgement point to make it do so now.
     pub reports_dropped: bool,
+    /// The out-of-band connection to the peer broke after this QP connected: a SEND that
+    /// finds no announced receive WR fails instead of waiting (nothing can announce one).
+    pub oob_lost: bool,
     /// Received messages waiting for their PSNs, in PSN order.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
     /// FIRST packets seen of messages not delivered yet, in PSN order: (PSN, message length,
@@ -368,6 +371,7 @@ impl Default for QpSlot {
             lost: heapless::Vec::new(),
             card_fresh: true,
             reports_dropped: false,
+            oob_lost: false,
             msgs: heapless::Deque::new(),
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),
