@@ -1,7 +1,12 @@
 //! The engine's tables in fixed arrays: capacities are const generics, nothing is
 //! allocated, and running out is the engine's `OutOfResources` error.
 
-use bluerdma_core::engine::{CqSlot, MrSlot, QpSlot, Slices, Storage, WorkCompletion, Wqe};
+use bluerdma_core::engine::{
+    CqSlot, EarlyRecv, MrSlot, QpSlot, Slices, Storage, WorkCompletion, Wqe,
+};
+
+/// Receive WRs peers may announce for QPs not connected yet (the soft-core has few QPs).
+pub const EARLY_RECVS: usize = 64;
 
 /// Tables for `QPS` queue pairs of `SQ_DEPTH` send WQEs each, `CQS` completion queues of
 /// `CQ_DEPTH` completions each, and `MRS` memory-region slots (slot 0 is reserved by the
@@ -18,6 +23,7 @@ pub struct StaticStorage<
     cqs: [CqSlot; CQS],
     cqes: [[WorkCompletion; CQ_DEPTH]; CQS],
     mrs: [MrSlot; MRS],
+    early: [EarlyRecv; EARLY_RECVS],
 }
 
 impl<
@@ -36,6 +42,7 @@ impl<
             cqs: [CqSlot::default(); CQS],
             cqes: [[WorkCompletion::EMPTY; CQ_DEPTH]; CQS],
             mrs: [MrSlot::default(); MRS],
+            early: [EarlyRecv::default(); EARLY_RECVS],
         }
     }
 }
@@ -68,6 +75,7 @@ impl<
             cqs: &mut self.cqs,
             cqes: self.cqes.as_flattened_mut(),
             mrs: &mut self.mrs,
+            early: &mut self.early,
         }
     }
     fn sq_depth(&self) -> usize {

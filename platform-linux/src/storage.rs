@@ -1,6 +1,8 @@
 //! Heap storage for the engine's tables on a std host.
 
-use bluerdma_core::engine::{CqSlot, MrSlot, QpSlot, Slices, Storage, WorkCompletion, Wqe};
+use bluerdma_core::engine::{
+    CqSlot, EarlyRecv, MrSlot, QpSlot, Slices, Storage, WorkCompletion, Wqe,
+};
 use bluerdma_core::keys::MR_TABLE_LEN;
 
 /// The engine's tables in vectors, sized once at open.
@@ -10,6 +12,7 @@ pub struct HeapStorage {
     cqs: Vec<CqSlot>,
     cqes: Vec<WorkCompletion>,
     mrs: Vec<MrSlot>,
+    early: Vec<EarlyRecv>,
     sq_depth: usize,
     cq_depth: usize,
 }
@@ -27,6 +30,8 @@ pub struct Capacity {
     pub cq_depth: usize,
     /// Memory regions (the card has 8191 usable).
     pub mrs: usize,
+    /// Receive WRs peers may announce for QPs not at RTR yet (see `Slices::early`).
+    pub early_recvs: usize,
 }
 
 impl Default for Capacity {
@@ -37,6 +42,8 @@ impl Default for Capacity {
             cqs: 64,
             cq_depth: 8192,
             mrs: 1024,
+            // Eight peers announcing a full 512-entry receive queue each before we connect.
+            early_recvs: 4096,
         }
     }
 }
@@ -50,6 +57,7 @@ impl HeapStorage {
             cqs: vec![CqSlot::default(); c.cqs],
             cqes: vec![WorkCompletion::EMPTY; c.cqs * c.cq_depth],
             mrs: vec![MrSlot::default(); c.mrs.min(MR_TABLE_LEN as usize)],
+            early: vec![EarlyRecv::default(); c.early_recvs],
             sq_depth: c.sq_depth,
             cq_depth: c.cq_depth,
         }
@@ -64,6 +72,7 @@ impl Storage for HeapStorage {
             cqs: &mut self.cqs,
             cqes: &mut self.cqes,
             mrs: &mut self.mrs,
+            early: &mut self.early,
         }
     }
     fn sq_depth(&self) -> usize {

@@ -266,3 +266,48 @@ fn a_lost_peer_leaves_qps_without_waiting_sends_running_and_fails_the_next_send(
     assert_eq!(sa.qp.query().unwrap().state, QpState::Err);
     drop((sb, b));
 }
+
+#[test]
+fn a_whole_receive_queue_announced_before_the_sender_connects_is_kept() {
+    // ibv_rc_pingpong's order: the server posts 500 receive WRs and connects first; they
+    // reach the client while its QP is still in INIT.
+    let (a, b, _oob) = devices();
+    let (sa, sb) = sides(&a, &b);
+    let dst = sb.pd.alloc_mr(500 * 64, ALL).unwrap();
+    sb.qp
+        .connect_rnr(sa.qp.endpoint(10), 20, 14, 7, 0, 1)
+        .unwrap();
+    for k in 0..500u64 {
+        recv(&sb.qp, k, &dst, k * 64, 64);
+    }
+    // Let A's engine take the announcements in while its QP is not connected.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while a.stats().recvs_early < 500 && std::time::Instant::now() < deadline {
+        a.poll();
+    }
+    assert_eq!(a.stats().recvs_early, 500, "all 500 waited for A's QP");
+    sa.qp
+        .connect_rnr(sb.qp.endpoint(20), 10, 14, 7, 0, 1)
+        .unwrap();
+    let mut src = sa.pd.alloc_mr(64, ALL).unwrap();
+    src.bytes_mut().unwrap().fill(0xA5);
+    // rnr_retry 0: a SEND that found no receive WR would fail with RNR_RETRY_EXC_ERR.
+    for k in 0..500u64 {
+        send(&sa.qp, k, SendOp::Send, &src, 0, 64).unwrap();
+        let w = sa.cq.wait(1, Duration::from_secs(5)).unwrap();
+        assert_eq!((w[0].wr_id, w[0].status), (k, WcStatus::Success));
+    }
+    let r = sb.cq.wait(500, Duration::from_secs(10)).unwrap();
+    assert_eq!(r.len(), 500);
+    for (k, w) in r.iter().enumerate() {
+        assert_eq!(
+            (w.wr_id, w.status, w.byte_len),
+            (k as u64, WcStatus::Success, 64)
+        );
+    }
+    assert!(
+        dst.bytes().unwrap().iter().all(|x| *x == 0xA5),
+        "every buffer filled"
+    );
+    assert_eq!(a.stats().recvs_dropped, 0);
+}

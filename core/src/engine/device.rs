@@ -61,6 +61,28 @@ pub struct Slices<'a> {
     pub cqes: &'a mut [WorkCompletion],
     /// Memory regions (slot i is MR table index i).
     pub mrs: &'a mut [MrSlot],
+    /// Announced receive WRs held for QPs that have not reached RTR yet, in arrival order
+    /// (a peer may announce a whole receive queue, ibv_rc_pingpong's 500, before this side
+    /// connects). Size it to the receive WRs peers may announce early.
+    pub early: &'a mut [EarlyRecv],
+}
+
+/// A receive WR a peer announced before the QP it belongs to reached RTR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EarlyRecv {
+    /// The announcing device.
+    pub from: Ipv4Addr,
+    /// The record.
+    pub wr: OobRecvWr,
+}
+
+impl Default for EarlyRecv {
+    fn default() -> Self {
+        Self {
+            from: Ipv4Addr::UNSPECIFIED,
+            wr: OobRecvWr::default(),
+        }
+    }
 }
 
 /// Where the device keeps its objects: arrays on firmware, vectors on hosts.
@@ -149,9 +171,6 @@ pub struct EngineStats {
     pub peers_lost: u64,
 }
 
-/// Announced receive WRs held for QPs that have not reached RTR yet.
-const EARLY_RECVS: usize = 256;
-
 /// A QP's handle: its QPN.
 pub type QpHandle = Qpn;
 
@@ -178,7 +197,8 @@ pub struct Device<P: Platform, S: Storage> {
     pd_used: [u64; 4],
     stats: EngineStats,
     oob: Option<P::Oob>,
-    early_recvs: heapless::Vec<(Ipv4Addr, OobRecvWr), EARLY_RECVS>,
+    /// How many entries of `Slices::early` are in use (a prefix, in arrival order).
+    early_len: usize,
 }
 
 fn ring_regs(id: RingId) -> Result<RingRegs, VerbsError> {
@@ -273,7 +293,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             pd_used: [1; 4],
             stats: EngineStats::default(),
             oob: None,
-            early_recvs: heapless::Vec::new(),
+            early_len: 0,
         };
         dev.command(
             CmdRequest::SetNetworkParam(SetNetworkParam {
@@ -1163,12 +1183,17 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     self.stats.recvs_received += 1;
                     if !self.deliver_remote_recv(from, wr, now) {
                         self.stats.recvs_early += 1;
-                        if self.early_recvs.push((from, wr)).is_err() {
+                        let early = self.storage.slices().early;
+                        if let Some(slot) = early.get_mut(self.early_len) {
+                            *slot = EarlyRecv { from, wr };
+                            self.early_len += 1;
+                        } else {
                             self.stats.recvs_dropped += 1;
                             core_error!(
-                                "receive WR for QP {:#x} from {}: no such QP, waiting list full",
+                                "receive WR for QP {:#x} from {}: no such QP, waiting list of {} full",
                                 wr.qpn,
-                                from
+                                from,
+                                early.len()
                             );
                         }
                     }
@@ -1244,15 +1269,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// early.
     fn connected(&mut self, i: usize, now: Instant) {
         self.announce_recvs(i);
-        let mut k = 0;
-        while k < self.early_recvs.len() {
-            let (from, wr) = self.early_recvs[k];
-            if self.deliver_remote_recv(from, wr, now) {
-                self.early_recvs.remove(k);
-            } else {
-                k += 1;
+        // Deliver in arrival order and compact the rest (kept in order) to the front.
+        let mut kept = 0;
+        for k in 0..self.early_len {
+            let e = self.storage.slices().early[k];
+            if !self.deliver_remote_recv(e.from, e.wr, now) {
+                self.storage.slices().early[kept] = e;
+                kept += 1;
             }
         }
+        self.early_len = kept;
     }
 
     /// Hands pending WQEs of QP `i` to the card while the send window has room.
@@ -1336,14 +1362,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 w.psn = next_psn.get();
                 w.msn = next_msn;
             }
-            // The send window: packets in flight (sent, not acknowledged) stay bounded, so a
-            // fast sender does not overrun the link; the rest waits for ACKs.
-            let outstanding = acked_psn.forward_distance(Psn::from_raw(w.psn));
-            if outstanding > 0 && outstanding + w.npsn > window {
+            let Some((sent, need)) = self.window_room(w, next_psn, acked_psn) else {
                 self.storage.slices().wqes[idx] = w;
                 break;
-            }
-            let need = 2 * chunk_count(&w);
+            };
             if n + need > BATCH && n > 0 {
                 self.flush_send(&batch[..n]);
                 n = 0;
@@ -1359,19 +1381,30 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.storage.slices().wqes[idx] = w;
                 break;
             };
-            for c in frag {
+            let from = next_psn.forward_distance(Psn::from_raw(w.psn)) as i64;
+            let from = (-from) as u32 % PSN_MOD;
+            let to = from + sent;
+            for c in frag.filter_map(|c| packets_of(&c, path.pmtu, w.psn, from, to)) {
                 n = self.append_chunk(&path, &w, &c, &mut batch, n, false);
                 self.stats.chunks += 1;
             }
             let s = self.storage.slices();
+            let first = w.state == WqeState::Pending;
             w.state = WqeState::Sent;
             s.wqes[idx] = w;
             let q = &mut s.qps[i];
-            q.next_psn = Psn::from_raw(w.psn).wrapping_add(w.npsn);
-            q.next_msn = w.msn.wrapping_add(1);
-            q.sq_sent += 1;
+            q.next_psn = Psn::from_raw(w.psn).wrapping_add(to);
+            if first {
+                q.next_msn = w.msn.wrapping_add(1);
+                q.sq_sent += 1;
+            }
             if q.deadline.is_none() {
                 q.deadline = timeout_of(q).map(|t| now + t);
+            }
+            if to < w.npsn {
+                // The window is full in the middle of this request: the rest goes out as
+                // ACKs open it.
+                break;
             }
         }
         if n > 0 {

@@ -12,6 +12,8 @@ mod device;
 mod error;
 mod types;
 
-pub use device::{Device, DeviceConfig, EngineStats, QpHandle, Slices, Storage, CHUNK_BYTES};
+pub use device::{
+    Device, DeviceConfig, EarlyRecv, EngineStats, QpHandle, Slices, Storage, CHUNK_BYTES,
+};
 pub use error::VerbsError;
 pub use types::*;
