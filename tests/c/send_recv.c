@@ -3,7 +3,10 @@
  * 4 KiB, 4 KiB + 1 and 1 MiB the sender's completion is IBV_WC_SEND and the receiver's is
  * IBV_WC_RECV with the message's byte_len, no IBV_WC_WITH_IMM for a plain SEND, and
  * IBV_WC_WITH_IMM with the sender's imm_data (network order, passed through unchanged) for
- * SEND_WITH_IMM. The receive buffer holds the message and nothing past it is touched. */
+ * SEND_WITH_IMM. The receive buffer holds the message and nothing past it is touched.
+ * Inline data: ibv_query_qp reports max_inline_data >= 64, and SENDs and WRITEs of 1..64 B
+ * from unregistered memory in two SGEs with IBV_SEND_INLINE arrive intact even though the
+ * source is overwritten right after ibv_post_send returns (what inline allows). */
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +70,64 @@ static void round_trip(struct end *s, struct ibv_mr *smr, struct end *r, struct 
     expect_no_wc(r, "after the last receive");
 }
 
+/* Inline SENDs and WRITEs from `s` (stack memory, never registered) into `r`'s MR. */
+static void inline_round(struct end *s, struct end *r, struct ibv_mr *rmr)
+{
+    struct ibv_qp_attr attr;
+    struct ibv_qp_init_attr init;
+    check_rc(ibv_query_qp(s->qp, &attr, IBV_QP_CAP, &init), "ibv_query_qp");
+    CHECK(init.cap.max_inline_data >= 64, "max_inline_data %u, expected >= 64",
+          init.cap.max_inline_data);
+    uint8_t *rbuf = rmr->addr;
+    static const uint32_t lens[] = {1, 7, 33, 64};
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        uint32_t len = lens[k];
+        uint8_t src[64];
+        char what[120];
+        uint32_t seed = 900 + len;
+        /* SEND: two SGEs gathered into one message. */
+        memset(rbuf, CANARY, 2 * SLOT);
+        post_recv_wr(r, 0x1D00 + len, rbuf, SLOT, rmr);
+        pattern_fill(src, len, seed);
+        uint32_t half = len / 2;
+        struct ibv_sge sges[2] = {{.addr = (uintptr_t)src, .length = half},
+                                  {.addr = (uintptr_t)(src + half), .length = len - half}};
+        struct ibv_send_wr wr = {.wr_id = 0x1E00 + len, .sg_list = sges, .num_sge = 2,
+                                 .opcode = IBV_WR_SEND,
+                                 .send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED};
+        struct ibv_send_wr *bad = NULL;
+        int rc = ibv_post_send(s->qp, &wr, &bad);
+        CHECK(rc == 0, "inline SEND of %u B: ibv_post_send returned %d (%s)", len, rc,
+              strerror(rc));
+        memset(src, 0xEE, sizeof src); /* the library copied it already */
+        snprintf(what, sizeof what, "inline SEND of %u B %s -> %s", len, s->name, r->name);
+        struct ibv_wc wc;
+        expect_wc(s, &wc, 0x1E00 + len, IBV_WC_SEND, what);
+        expect_wc(r, &wc, 0x1D00 + len, IBV_WC_RECV, what);
+        CHECK(wc.byte_len == len, "%s: byte_len %u", what, wc.byte_len);
+        CHECK(region_check(rbuf, 0, len, seed, CANARY, 0, SLOT - len, what) == 0,
+              "%s: the data differs", what);
+        ok("%s", what);
+        /* WRITE: one SGE. */
+        pattern_fill(src, len, seed + 1);
+        struct ibv_sge one = {.addr = (uintptr_t)src, .length = len};
+        struct ibv_send_wr w2 = {.wr_id = 0x1F00 + len, .sg_list = &one, .num_sge = 1,
+                                 .opcode = IBV_WR_RDMA_WRITE,
+                                 .send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED};
+        w2.wr.rdma.remote_addr = (uintptr_t)(rbuf + SLOT);
+        w2.wr.rdma.rkey = rmr->rkey;
+        rc = ibv_post_send(s->qp, &w2, &bad);
+        CHECK(rc == 0, "inline WRITE of %u B: ibv_post_send returned %d (%s)", len, rc,
+              strerror(rc));
+        memset(src, 0xEE, sizeof src);
+        snprintf(what, sizeof what, "inline WRITE of %u B %s -> %s", len, s->name, r->name);
+        expect_wc(s, &wc, 0x1F00 + len, IBV_WC_RDMA_WRITE, what);
+        CHECK(region_check(rbuf + SLOT, 0, len, seed + 1, CANARY, 0, SLOT - len, what) == 0,
+              "%s: the data differs", what);
+        ok("%s", what);
+    }
+}
+
 int main(void)
 {
     test_start("send_recv");
@@ -78,6 +139,7 @@ int main(void)
     round_trip(&b, bmr, &a, amr, 0, 2);
     round_trip(&a, amr, &b, bmr, 1, 3);
     round_trip(&b, bmr, &a, amr, 1, 4);
+    inline_round(&a, &b, bmr);
 
     pair_finish(&a, &b, amr, bmr);
     printf("PASS send_recv: %zu messages\n", 4 * NSIZES);

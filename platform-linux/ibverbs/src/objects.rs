@@ -536,6 +536,70 @@ struct Qp {
     qp: VQp,
     cap: IbvQpCap,
     sq_sig_all: bool,
+    /// Bounce slots for inline data; the lock also serialises posts on this QP.
+    inline: Mutex<Inline>,
+}
+
+/// Inline data up to this many bytes per request (what UCX asks for).
+const MAX_INLINE: u32 = 64;
+
+/// A ring of `2 * sq_depth` slots of [`MAX_INLINE`] bytes in one registered buffer, made on
+/// the first inline request. Data is staged before the engine accepts the request, so a
+/// slot can be written for a request that is then refused (a full send queue); the slot
+/// written next belongs to the request `2 * sq_depth` successful posts back, which has
+/// left the send queue (it holds at most `sq_depth`, and a batch stages at most `BATCH`
+/// more): the card never reads a slot that was written again.
+struct Inline {
+    mr: Option<VMr>,
+    /// Inline requests posted so far (successful posts only).
+    next: u64,
+}
+
+impl Inline {
+    /// Copies the SGEs of `wr` into the slot of the `used`-th inline request of this batch.
+    ///
+    /// # Safety
+    /// The SGE list of `wr` is readable and each SGE's bytes too (the verbs contract).
+    unsafe fn stage(&mut self, pd: &Pd, wr: &IbvSendWr, used: u64) -> Result<IbvSge, c_int> {
+        let slots = 2 * caps::capacity().sq_depth as u64;
+        if self.mr.is_none() {
+            let len = (slots * MAX_INLINE as u64) as usize;
+            self.mr = Some(
+                pd.pd
+                    .alloc_mr(len, AccessFlags::LOCAL_WRITE)
+                    .map_err(fail)?,
+            );
+        }
+        let Some(mr) = self.mr.as_mut() else {
+            return Err(libc::ENOMEM);
+        };
+        let key = mr.key().get();
+        let base = mr.addr();
+        let Some(buf) = mr.bytes_mut() else {
+            return Err(libc::ENOMEM);
+        };
+        let at = (((self.next + used) % slots) * MAX_INLINE as u64) as usize;
+        let mut len = 0usize;
+        for k in 0..wr.num_sge.max(0) as usize {
+            // SAFETY: num_sge entries are readable.
+            let sge = unsafe { *wr.sg_list.add(k) };
+            let n = sge.length as usize;
+            if len + n > MAX_INLINE as usize {
+                log::error!("post_send: more than {MAX_INLINE} bytes of inline data");
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: the application's SGE bytes are readable during ibv_post_send (they
+            // need not be registered: that is what inline means).
+            let src = unsafe { std::slice::from_raw_parts(sge.addr as *const u8, n) };
+            buf[at + len..at + len + n].copy_from_slice(src);
+            len += n;
+        }
+        Ok(IbvSge {
+            addr: base + at as u64,
+            length: len as u32,
+            lkey: key,
+        })
+    }
 }
 
 #[no_mangle]
@@ -563,11 +627,11 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
         || cap.max_recv_wr > caps::MAX_RECV_WR
         || cap.max_send_sge > 1
         || cap.max_recv_sge > 1
-        || cap.max_inline_data > 0
+        || cap.max_inline_data > MAX_INLINE
     {
         log::error!(
             "create_qp: {cap:?} exceeds the device (max_send_wr {sq}, max_recv_wr {}, 1 SGE, \
-             no inline data)",
+             {MAX_INLINE} bytes of inline data)",
             caps::MAX_RECV_WR
         );
         return null(libc::EINVAL);
@@ -589,7 +653,7 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
         max_recv_wr: cap.max_recv_wr.max(1),
         max_send_sge: 1,
         max_recv_sge: 1,
-        max_inline_data: 0,
+        max_inline_data: MAX_INLINE,
     };
     a.cap = cap;
     let b = Box::new(Qp {
@@ -612,6 +676,7 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
         qp,
         cap,
         sq_sig_all: a.sq_sig_all != 0,
+        inline: Mutex::new(Inline { mr: None, next: 0 }),
     });
     let _ = &p.engine;
     Box::into_raw(b) as *mut IbvQp
@@ -773,24 +838,16 @@ pub unsafe extern "C" fn bv_ibv_qp_to_qp_ex(_qp: *mut IbvQp) -> *mut c_void {
 ///
 /// # Safety
 /// `wr` and its SGE list are valid (the caller of ibv_post_send guarantees it).
-unsafe fn send_wr(q: &Qp, wr: &IbvSendWr) -> Result<SendWr, c_int> {
-    let sge = match wr.num_sge {
-        0 => IbvSge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        },
-        // SAFETY: num_sge entries are readable.
-        1 if !wr.sg_list.is_null() => unsafe { *wr.sg_list },
-        n => {
-            log::error!("post_send: {n} SGEs (the device takes 1)");
-            return Err(libc::EINVAL);
-        }
-    };
-    if wr.send_flags & IBV_SEND_INLINE != 0 && sge.length > q.cap.max_inline_data {
-        log::error!("post_send: inline data is not supported");
-        return Err(libc::EINVAL);
-    }
+unsafe fn send_wr(
+    q: &Qp,
+    wr: &IbvSendWr,
+    inline: &mut Inline,
+    used: &mut u64,
+) -> Result<SendWr, c_int> {
+    // SAFETY: a QP's PD lives as long as the QP.
+    let pd = unsafe { &*(q.ibv.pd as *const Pd) };
+    // Everything that can refuse the request comes before an inline slot is taken: a slot
+    // counted for a request that was not posted would be reused too early.
     let imm = u32::from_be(wr.imm_data);
     let op = match wr.opcode {
         IBV_WR_RDMA_WRITE => SendOp::Write,
@@ -803,9 +860,31 @@ unsafe fn send_wr(q: &Qp, wr: &IbvSendWr) -> Result<SendWr, c_int> {
             return Err(libc::EOPNOTSUPP);
         }
     };
+    let sge = if wr.send_flags & IBV_SEND_INLINE != 0 && op != SendOp::Read {
+        if wr.num_sge > 0 && wr.sg_list.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's SGEs are readable.
+        let sge = unsafe { inline.stage(pd, wr, *used)? };
+        *used += 1;
+        sge
+    } else {
+        match wr.num_sge {
+            0 => IbvSge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            },
+            // SAFETY: num_sge entries are readable.
+            1 if !wr.sg_list.is_null() => unsafe { *wr.sg_list },
+            n => {
+                log::error!("post_send: {n} SGEs (the device takes 1)");
+                return Err(libc::EINVAL);
+            }
+        }
+    };
     let lkey = if op == SendOp::Read {
-        // SAFETY: a QP's PD lives as long as the QP.
-        unsafe { &*(q.ibv.pd as *const Pd) }.read_sink_key(sge.lkey)?
+        pd.read_sink_key(sge.lkey)?
     } else {
         sge.lkey
     };
@@ -836,18 +915,23 @@ pub(crate) unsafe extern "C" fn op_post_send(
     };
     let mut batch = [const { None::<SendWr> }; BATCH];
     let mut ptrs = [ptr::null_mut::<IbvSendWr>(); BATCH];
+    // Inline requests before each batch entry, to count the slots a partial post used.
+    let mut inline_before = [0u64; BATCH + 1];
     let set_bad = |p: *mut IbvSendWr| {
         if !bad.is_null() {
             // SAFETY: the caller passes a writable pointer slot.
             unsafe { *bad = p };
         }
     };
+    let mut inline = q.inline.lock().unwrap_or_else(|e| e.into_inner());
     while !wr.is_null() {
         let mut n = 0;
+        let mut used = 0u64;
         let mut error = None;
         while !wr.is_null() && n < BATCH {
+            inline_before[n] = used;
             // SAFETY: a list of valid requests, by the caller's contract.
-            match unsafe { send_wr(q, &*wr) } {
+            match unsafe { send_wr(q, &*wr, &mut inline, &mut used) } {
                 Ok(w) => {
                     batch[n] = Some(w);
                     ptrs[n] = wr;
@@ -861,12 +945,15 @@ pub(crate) unsafe extern "C" fn op_post_send(
                 }
             }
         }
+        inline_before[n] = used;
         let wrs: [SendWr; BATCH] = core::array::from_fn(|i| batch[i].unwrap_or(EMPTY_WR));
         // SAFETY: the verbs contract: buffers belong to the requests until completion.
         if let Err((k, e)) = unsafe { q.qp.post_send(&wrs[..n]) } {
+            inline.next += inline_before[k];
             set_bad(ptrs[k]);
             return fail(e);
         }
+        inline.next += used;
         if let Some((at, e)) = error {
             set_bad(at);
             return e;
