@@ -41,7 +41,6 @@ const POINTER_STUBS: &[&str] = &[
     "ibv_reg_dmabuf_mr",
     "ibv_create_ah",
     "ibv_create_ah_from_wc",
-    "ibv_create_srq",
 ];
 
 struct Installed {

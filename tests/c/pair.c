@@ -85,6 +85,8 @@ static struct ibv_device *find_device(struct ibv_device **list, int n, const cha
 }
 
 /* Opens `e->name` and makes its PD, channel, CQ and QP. */
+static struct ibv_qp *new_qp(struct end *e, const struct pair_opts *o);
+
 static void end_open(struct end *e, struct ibv_device *dev, const struct pair_opts *o)
 {
     e->ctx = ibv_open_device(dev);
@@ -111,9 +113,20 @@ static void end_open(struct end *e, struct ibv_device *dev, const struct pair_op
     e->cq = ibv_create_cq(e->ctx, 1024, e, e->channel, 0);
     CHECK(e->cq, "ibv_create_cq(%s, 1024): %s", e->name, strerror(errno));
 
+    if (o->srq_wr && e->name[8] == '1') {
+        struct ibv_srq_init_attr sa = {.attr = {.max_wr = o->srq_wr, .max_sge = 1}};
+        e->srq = ibv_create_srq(e->pd, &sa);
+        CHECK(e->srq, "ibv_create_srq(%s, %u WRs): %s", e->name, o->srq_wr, strerror(errno));
+    }
+    e->qp = new_qp(e, o);
+}
+
+static struct ibv_qp *new_qp(struct end *e, const struct pair_opts *o)
+{
     struct ibv_qp_init_attr init = {
         .send_cq = e->cq,
         .recv_cq = e->cq,
+        .srq = e->srq,
         .qp_type = IBV_QPT_RC,
         .cap =
             {
@@ -123,8 +136,9 @@ static void end_open(struct end *e, struct ibv_device *dev, const struct pair_op
                 .max_recv_sge = 1,
             },
     };
-    e->qp = ibv_create_qp(e->pd, &init);
-    CHECK(e->qp, "ibv_create_qp(%s, RC): %s", e->name, strerror(errno));
+    struct ibv_qp *qp = ibv_create_qp(e->pd, &init);
+    CHECK(qp, "ibv_create_qp(%s, RC): %s", e->name, strerror(errno));
+    return qp;
 }
 
 static void modify(struct end *e, struct ibv_qp_attr *attr, int mask, const char *to)
@@ -202,9 +216,25 @@ void pair_open(struct end *a, struct end *b, const struct pair_opts *opts)
        b->name, b->qp->qp_num);
 }
 
+void pair_extra_qps(struct end *a, struct end *b, struct ibv_qp **aqp, struct ibv_qp **bqp)
+{
+    static const struct pair_opts none;
+    struct ibv_qp *qa = a->qp, *qb = b->qp;
+    a->qp = new_qp(a, &none);
+    b->qp = new_qp(b, &none);
+    connect_to(a, b);
+    connect_to(b, a);
+    *aqp = a->qp;
+    *bqp = b->qp;
+    a->qp = qa;
+    b->qp = qb;
+}
+
 static void end_close(struct end *e)
 {
     check_rc(ibv_destroy_qp(e->qp), "ibv_destroy_qp");
+    if (e->srq)
+        check_rc(ibv_destroy_srq(e->srq), "ibv_destroy_srq");
     check_rc(ibv_destroy_cq(e->cq), "ibv_destroy_cq");
     if (e->channel)
         check_rc(ibv_destroy_comp_channel(e->channel), "ibv_destroy_comp_channel");

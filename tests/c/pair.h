@@ -27,6 +27,7 @@ struct end {
     struct ibv_pd *pd;
     struct ibv_cq *cq; /* send and receive CQ */
     struct ibv_qp *qp;
+    struct ibv_srq *srq; /* the QP's shared receive queue, when asked for */
     union ibv_gid gid; /* GID index 0 of port 1 */
     uint32_t psn;      /* the first PSN this side sends */
 };
@@ -35,6 +36,7 @@ struct pair_opts {
     int channel;          /* make a completion channel per side and put the CQ on it */
     uint32_t max_send_wr; /* 0: 64 */
     uint32_t max_recv_wr; /* 0: 64 */
+    uint32_t srq_wr;      /* > 0: b's QP takes receives from an SRQ of this many WRs */
 };
 
 /* Names the test in messages, line-buffers stdout and arms the watchdog. */
@@ -58,6 +60,10 @@ void ok(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Opens both devices and connects a QP on `a` (bluerdma0) to one on `b` (bluerdma1). */
 void pair_open(struct end *a, struct end *b, const struct pair_opts *opts);
+
+/* Another connected QP pair on the same ends (b's on b's SRQ when it has one); both QPs
+ * share their end's CQ. Destroy them with ibv_destroy_qp before pair_close. */
+void pair_extra_qps(struct end *a, struct end *b, struct ibv_qp **aqp, struct ibv_qp **bqp);
 
 /* Destroys what pair_open made (and checks each destroy verb succeeds). */
 void pair_close(struct end *a, struct end *b);

@@ -22,6 +22,7 @@ const PROGRAMS: &[&str] = &[
     "write_with_imm",
     "multi_round_write",
     "event_channel",
+    "srq",
 ];
 /// Sources every program is linked with.
 const HELPERS: &[&str] = &["pair.c", "verify.c"];

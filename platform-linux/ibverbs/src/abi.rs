@@ -619,3 +619,48 @@ pub const IBV_WR_RDMA_READ: u32 = 4;
 pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_SEND_SOLICITED: u32 = 4;
 pub const IBV_SEND_INLINE: u32 = 8;
+
+/// `struct ibv_srq` (128 bytes).
+#[repr(C)]
+pub struct IbvSrq {
+    pub context: *mut IbvContext,
+    pub srq_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+    pub _pad: u32,
+    pub mutex: [u8; 40],
+    pub cond: [u8; 48],
+    pub events_completed: u32,
+    pub _pad2: u32,
+}
+
+/// `struct ibv_srq_attr` (12 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IbvSrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr` (24 bytes).
+#[repr(C)]
+pub struct IbvSrqInitAttr {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
+    pub _pad: u32,
+}
+
+check!(
+    IbvSrq,
+    128,
+    context = 0,
+    srq_context = 8,
+    pd = 16,
+    handle = 24,
+    mutex = 32,
+    cond = 72,
+    events_completed = 120
+);
+check!(IbvSrqAttr, 12, max_wr = 0, max_sge = 4, srq_limit = 8);
+check!(IbvSrqInitAttr, 24, srq_context = 0, attr = 8);

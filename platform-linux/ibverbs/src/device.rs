@@ -1,6 +1,7 @@
 //! Devices, contexts and the queries: what ibv_devices and ibv_devinfo see.
 
 use core::ffi::{c_char, c_int, c_void};
+use std::collections::HashMap;
 use std::ptr;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -31,6 +32,10 @@ pub(crate) struct Device {
     pub ibv: IbvDevice,
     pub index: usize,
     pub entry: DeviceEntry,
+    /// The device's emulated card and engine while any context or object of this process
+    /// uses it: every context of one device shares it (a second card could not bind the
+    /// device's address).
+    engine: Mutex<std::sync::Weak<Context>>,
 }
 
 // SAFETY: the raw pointers in `ibv` are all null; the rest is plain data.
@@ -97,6 +102,7 @@ fn devices() -> &'static [Device] {
                     ibv,
                     index,
                     entry: entry.clone(),
+                    engine: Mutex::new(std::sync::Weak::new()),
                 }
             })
             .collect()
@@ -168,8 +174,12 @@ pub(crate) struct Ctx {
     sz: usize,
     pub ibv: IbvContext,
     pub dev: &'static Device,
-    /// The emulated card and engine, started by the first object made on the context.
+    /// The device's emulated card and engine ([`Device`] shares it between contexts),
+    /// started by the first object made on the context.
     engine: Mutex<Option<Arc<Context>>>,
+    /// QPs attached to a shared receive queue, by QP number: a poll that returns one of
+    /// their receive completions hands the QP its next WR (see `srq.rs`).
+    pub srq_qps: Mutex<HashMap<u32, Arc<crate::srq::Shared>>>,
     /// `async_fd` is the read end of this pipe; nothing writes to it yet (no async events
     /// are generated), so it never becomes readable.
     async_pipe: [c_int; 2],
@@ -194,6 +204,11 @@ impl Ctx {
         if let Some(c) = e.as_ref() {
             return Ok(Arc::clone(c));
         }
+        let mut shared = self.dev.engine.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = shared.upgrade() {
+            *e = Some(Arc::clone(&c));
+            return Ok(c);
+        }
         let port = match std::env::var("BLUERDMA_OOB_PORT") {
             Ok(p) => p.parse().map_err(|_| {
                 log::error!("BLUERDMA_OOB_PORT=`{p}` is not a port number");
@@ -214,6 +229,7 @@ impl Ctx {
             libc::EADDRINUSE
         })?;
         let c = Arc::new(c);
+        *shared = Arc::downgrade(&c);
         *e = Some(Arc::clone(&c));
         Ok(c)
     }
@@ -226,7 +242,7 @@ fn context_ops() -> [usize; 32] {
     o[ops::REQ_NOTIFY_CQ] = crate::objects::op_req_notify_cq as *const () as usize;
     o[ops::POST_SEND] = crate::objects::op_post_send as *const () as usize;
     o[ops::POST_RECV] = crate::objects::op_post_recv as *const () as usize;
-    o[ops::POST_SRQ_RECV] = crate::objects::op_post_srq_recv as *const () as usize;
+    o[ops::POST_SRQ_RECV] = crate::srq::op_post_srq_recv as *const () as usize;
     o
 }
 
@@ -260,6 +276,7 @@ pub unsafe extern "C" fn bv_ibv_open_device(dev: *mut IbvDevice) -> *mut IbvCont
         },
         dev: d,
         engine: Mutex::new(None),
+        srq_qps: Mutex::new(HashMap::new()),
         async_pipe: fds,
     });
     let ctx = Box::into_raw(ctx);
@@ -327,9 +344,9 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         max_ah: 0,
         max_fmr: 0,
         max_map_per_fmr: 0,
-        max_srq: 0,
-        max_srq_wr: 0,
-        max_srq_sge: 0,
+        max_srq: cap.qps as c_int,
+        max_srq_wr: crate::srq::MAX_SRQ_WR as c_int,
+        max_srq_sge: 1,
         max_pkeys: 1,
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,

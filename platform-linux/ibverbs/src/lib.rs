@@ -25,6 +25,7 @@
 pub mod abi;
 mod device;
 mod objects;
+mod srq;
 mod stubs;
 
 use core::ffi::c_int;

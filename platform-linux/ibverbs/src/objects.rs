@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
-use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
+use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 use bluerdma_core::keys::MrKey;
 use bluerdma_core::qp::{Gid, QpAttrMask, QpState, RawQpAttr};
 use bluerdma_linux::verbs::{Context, Cq as VCq, Mr as VMr, Pd as VPd, Qp as VQp};
@@ -505,12 +505,33 @@ pub(crate) unsafe extern "C" fn op_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut Ib
             // SAFETY: the caller passes room for `n` completions.
             unsafe { wc.add(got + i).write(wc_of(w)) };
         }
+        srq_consumed(c, &buf[..k]);
         got += k;
         if k < want {
             break;
         }
     }
     got as c_int
+}
+
+/// Hands an SRQ's next WR to each QP whose receive WR completed in `wcs`.
+fn srq_consumed(c: &Cq, wcs: &[WorkCompletion]) {
+    // SAFETY: the context outlives its CQs.
+    let Some(ctx) = (unsafe { Ctx::from_ibv(c.ibv.context) }) else {
+        return;
+    };
+    let map = ctx.srq_qps.lock().unwrap_or_else(|e| e.into_inner());
+    if map.is_empty() {
+        return;
+    }
+    for w in wcs {
+        if matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            if let Some(srq) = map.get(&w.qp_num) {
+                // A flushed WR means the QP is in ERR: nothing more goes to it.
+                srq.consumed(w.qp_num, w.status == WcStatus::Success);
+            }
+        }
+    }
 }
 
 pub(crate) unsafe extern "C" fn op_req_notify_cq(cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
@@ -538,6 +559,23 @@ struct Qp {
     sq_sig_all: bool,
     /// Bounce slots for inline data; the lock also serialises posts on this QP.
     inline: Mutex<Inline>,
+    /// The shared receive queue this QP takes its receive WRs from.
+    srq: Option<Arc<crate::srq::Shared>>,
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        if let Some(srq) = &self.srq {
+            srq.detach(self.ibv.qp_num);
+            // SAFETY: the context outlives its QPs.
+            if let Some(c) = unsafe { Ctx::from_ibv(self.ibv.context) } {
+                c.srq_qps
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&self.ibv.qp_num);
+            }
+        }
+    }
 }
 
 /// Inline data up to this many bytes per request (what UCX asks for).
@@ -617,10 +655,8 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
         );
         return null(libc::EOPNOTSUPP);
     }
-    if !a.srq.is_null() {
-        log::error!("create_qp: shared receive queues are not supported");
-        return null(libc::EOPNOTSUPP);
-    }
+    // SAFETY: an SRQ from ibv_create_srq, or NULL.
+    let srq = unsafe { crate::srq::Srq::from_ibv(a.srq) }.map(|s| Arc::clone(&s.shared));
     let sq = caps::capacity().sq_depth as u32;
     let cap = a.cap;
     if cap.max_send_wr > sq
@@ -663,7 +699,7 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
             pd,
             send_cq: a.send_cq,
             recv_cq: a.recv_cq,
-            srq: ptr::null_mut(),
+            srq: a.srq,
             handle: qpn,
             qp_num: qpn,
             state: QpState::Reset.to_ibv(),
@@ -677,8 +713,19 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
         cap,
         sq_sig_all: a.sq_sig_all != 0,
         inline: Mutex::new(Inline { mr: None, next: 0 }),
+        srq: srq.clone(),
     });
-    let _ = &p.engine;
+    if let Some(srq) = srq {
+        // SAFETY: the context of a PD is open.
+        if let Some(c) = unsafe { Ctx::from_ibv(p.ibv.context) } {
+            c.srq_qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(qpn, Arc::clone(&srq));
+        }
+        // The box does not move: the pointer stays valid until Drop detaches it.
+        srq.attach(qpn, &b.qp);
+    }
     Box::into_raw(b) as *mut IbvQp
 }
 
@@ -750,6 +797,9 @@ pub unsafe extern "C" fn bv_ibv_modify_qp(
     if mask.contains(QpAttrMask::STATE) {
         // SAFETY: `state` is ours to update; applications read it.
         unsafe { (*qp).state = a.qp_state };
+        if let Some(srq) = &q.srq {
+            srq.top_up(q.ibv.qp_num);
+        }
     }
     0
 }
@@ -974,6 +1024,26 @@ const EMPTY_WR: SendWr = SendWr {
     solicited: false,
 };
 
+/// The one SGE of a receive WR (none: a zero-length buffer).
+///
+/// # Safety
+/// `w.sg_list` holds `w.num_sge` readable entries.
+pub(crate) unsafe fn recv_sge(w: &IbvRecvWr, verb: &str) -> Result<IbvSge, c_int> {
+    match w.num_sge {
+        0 => Ok(IbvSge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }),
+        // SAFETY: the caller's contract.
+        1 if !w.sg_list.is_null() => Ok(unsafe { *w.sg_list }),
+        k => {
+            log::error!("{verb}: {k} SGEs (the device takes 1)");
+            Err(libc::EINVAL)
+        }
+    }
+}
+
 pub(crate) unsafe extern "C" fn op_post_recv(
     qp: *mut IbvQp,
     mut wr: *mut IbvRecvWr,
@@ -989,6 +1059,11 @@ pub(crate) unsafe extern "C" fn op_post_recv(
             unsafe { *bad = p };
         }
     };
+    if q.srq.is_some() {
+        log::error!("post_recv: the QP takes its receive WRs from its SRQ (ibv_post_srq_recv)");
+        set_bad(wr);
+        return libc::EINVAL;
+    }
     let mut batch = [RecvWr {
         wr_id: 0,
         addr: VirtAddr(0),
@@ -1002,17 +1077,11 @@ pub(crate) unsafe extern "C" fn op_post_recv(
         while !wr.is_null() && n < BATCH {
             // SAFETY: a list of valid requests, by the caller's contract.
             let w = unsafe { &*wr };
-            let sge = match w.num_sge {
-                0 => IbvSge {
-                    addr: 0,
-                    length: 0,
-                    lkey: 0,
-                },
-                // SAFETY: num_sge entries are readable.
-                1 if !w.sg_list.is_null() => unsafe { *w.sg_list },
-                k => {
-                    log::error!("post_recv: {k} SGEs (the device takes 1)");
-                    error = Some((wr, libc::EINVAL));
+            // SAFETY: as above.
+            let sge = match unsafe { recv_sge(w, "post_recv") } {
+                Ok(sge) => sge,
+                Err(e) => {
+                    error = Some((wr, e));
                     break;
                 }
             };
@@ -1037,15 +1106,6 @@ pub(crate) unsafe extern "C" fn op_post_recv(
         }
     }
     0
-}
-
-pub(crate) unsafe extern "C" fn op_post_srq_recv(
-    _srq: *mut c_void,
-    _wr: *mut IbvRecvWr,
-    _bad: *mut *mut IbvRecvWr,
-) -> c_int {
-    crate::stubs::unsupported("ibv_post_srq_recv");
-    libc::EOPNOTSUPP
 }
 
 // Keep the opcode numbering honest: the engine's completion opcodes are the ibv values.

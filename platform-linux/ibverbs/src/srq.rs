@@ -1,0 +1,279 @@
+//! Shared receive queues, kept by this library on top of the engine's per-QP receive WRs.
+//!
+//! The card has no receive queue at all: a receive WR is announced to the peer over the
+//! out-of-band channel, and the peer's SEND writes into it (issue D). So a WR must belong
+//! to one QP before its buffer can be used, and an SRQ is a pool that hands WRs to the QPs
+//! attached to it:
+//! - each attached QP keeps up to [`SHARE`] WRs of the pool posted (announced to its peer);
+//! - every receive completion a poll returns for such a QP hands it the next WR of the pool,
+//!   announced at once, so a sender that keeps within its share never waits, and one that
+//!   bursts past it waits at most one out-of-band round trip while the pool has WRs;
+//! - `ibv_post_srq_recv` tops up QPs below their share first, then keeps the rest in the
+//!   pool; with the pool empty, a SEND waits under the RNR rules (min_rnr_timer, rnr_retry)
+//!   as on any QP without a receive WR;
+//! - a QP attached before it can take receive WRs (RESET) is topped up by modify_qp.
+//!
+//! WRs handed to a QP stay with it: when the QP is destroyed they are flushed with it
+//! (WR_FLUSH_ERR on its CQ) instead of returning to the pool.
+
+use core::ffi::{c_int, c_void};
+use std::collections::{HashMap, VecDeque};
+use std::ptr;
+use std::sync::{Arc, Mutex};
+
+use bluerdma_core::addr::VirtAddr;
+use bluerdma_core::engine::RecvWr;
+use bluerdma_core::keys::MrKey;
+use bluerdma_linux::verbs::Qp as VQp;
+
+use crate::abi::*;
+use crate::device::Ctx;
+use crate::set_errno;
+
+/// Receive WRs of the pool each attached QP keeps posted.
+pub(crate) const SHARE: u32 = 16;
+/// Receive WRs an SRQ holds.
+pub(crate) const MAX_SRQ_WR: u32 = 16384;
+
+/// A QP attached to an SRQ.
+struct Member {
+    /// The engine QP, owned by the library's QP object, which detaches before dropping it.
+    qp: *const VQp,
+    /// WRs of the pool posted to it and not completed yet.
+    posted: u32,
+}
+
+#[derive(Default)]
+struct State {
+    pool: VecDeque<RecvWr>,
+    members: HashMap<u32, Member>,
+}
+
+/// The part of an SRQ its QPs and CQ polls share.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+}
+
+// SAFETY: `Member::qp` points at a verbs QP (itself Send + Sync) that stays alive while it
+// is in `members` (see `detach`); everything else is plain data behind the mutex.
+unsafe impl Send for Shared {}
+// SAFETY: as above; all access goes through the mutex.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Posts pool WRs to `qpn` until it holds its share or the pool is empty.
+    fn refill(state: &mut State, qpn: u32) {
+        let State { pool, members } = state;
+        let Some(m) = members.get_mut(&qpn) else {
+            return;
+        };
+        while m.posted < SHARE {
+            let Some(wr) = pool.pop_front() else { break };
+            // SAFETY: members hold live QPs (see the Send impl); the WR's buffer belongs to
+            // the request until its completion (the verbs contract of post_srq_recv).
+            let r = unsafe { (*m.qp).post_recv(&[wr]) };
+            if r.is_err() {
+                // Not accepting receive WRs yet (RESET) or full: keep the WR, try later.
+                pool.push_front(wr);
+                break;
+            }
+            m.posted += 1;
+        }
+    }
+
+    /// Attaches `qp` (number `qpn`) and gives it its share.
+    pub(crate) fn attach(&self, qpn: u32, qp: *const VQp) {
+        let mut s = self.lock();
+        s.members.insert(qpn, Member { qp, posted: 0 });
+        Self::refill(&mut s, qpn);
+    }
+
+    /// Detaches `qpn`; call before its QP is dropped.
+    pub(crate) fn detach(&self, qpn: u32) {
+        self.lock().members.remove(&qpn);
+    }
+
+    /// Tops `qpn` up (after modify_qp: a QP leaving RESET can take WRs).
+    pub(crate) fn top_up(&self, qpn: u32) {
+        Self::refill(&mut self.lock(), qpn);
+    }
+
+    /// A receive WR of `qpn` completed: hand it the next one if it completed well (a
+    /// flushed one means the QP is in ERR and would only flush the next too).
+    pub(crate) fn consumed(&self, qpn: u32, ok: bool) {
+        let mut s = self.lock();
+        if let Some(m) = s.members.get_mut(&qpn) {
+            m.posted = m.posted.saturating_sub(1);
+        }
+        if ok {
+            Self::refill(&mut s, qpn);
+        }
+    }
+}
+
+/// An SRQ as handed to the application: `ibv_srq` first.
+#[repr(C)]
+pub(crate) struct Srq {
+    ibv: IbvSrq,
+    pub shared: Arc<Shared>,
+    max_wr: u32,
+}
+
+impl Srq {
+    /// # Safety
+    /// `srq` is NULL or made by ibv_create_srq and not destroyed.
+    pub(crate) unsafe fn from_ibv<'a>(srq: *mut c_void) -> Option<&'a Srq> {
+        // SAFETY: the caller's contract; `ibv` is the first field.
+        (!srq.is_null()).then(|| unsafe { &*(srq as *const Srq) })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_create_srq(
+    pd: *mut IbvPd,
+    init: *mut IbvSrqInitAttr,
+) -> *mut IbvSrq {
+    if pd.is_null() || init.is_null() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: the caller passes a PD and an initialised ibv_srq_init_attr.
+    let (ctx, a) = unsafe { ((*pd).context, &mut *init) };
+    // SAFETY: a PD's context is open.
+    if unsafe { Ctx::from_ibv(ctx) }.is_none() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    if a.attr.max_wr > MAX_SRQ_WR || a.attr.max_sge > 1 {
+        log::error!(
+            "create_srq: max_wr {} (<= {MAX_SRQ_WR}) or max_sge {} (1) out of range",
+            a.attr.max_wr,
+            a.attr.max_sge
+        );
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    let max_wr = a.attr.max_wr.max(1);
+    a.attr.max_wr = max_wr;
+    a.attr.max_sge = 1;
+    let b = Box::new(Srq {
+        ibv: IbvSrq {
+            context: ctx,
+            srq_context: a.srq_context,
+            pd,
+            handle: 0,
+            _pad: 0,
+            mutex: [0; 40],
+            cond: [0; 48],
+            events_completed: 0,
+            _pad2: 0,
+        },
+        shared: Arc::new(Shared {
+            state: Mutex::new(State::default()),
+        }),
+        max_wr,
+    });
+    Box::into_raw(b) as *mut IbvSrq
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
+    // SAFETY: the caller passes a live SRQ.
+    let Some(s) = (unsafe { Srq::from_ibv(srq as *mut c_void) }) else {
+        return libc::EINVAL;
+    };
+    if !s.shared.lock().members.is_empty() {
+        return libc::EBUSY;
+    }
+    // SAFETY: made by ibv_create_srq; the caller gives it up.
+    drop(unsafe { Box::from_raw(srq as *mut Srq) });
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_modify_srq(
+    srq: *mut IbvSrq,
+    attr: *mut IbvSrqAttr,
+    mask: c_int,
+) -> c_int {
+    // SAFETY: the caller passes a live SRQ.
+    if unsafe { Srq::from_ibv(srq as *mut c_void) }.is_none() || attr.is_null() {
+        return libc::EINVAL;
+    }
+    // IBV_SRQ_MAX_WR (resize) is not supported; IBV_SRQ_LIMIT (an event when the pool runs
+    // low) is accepted, and the event never fires: the pool hands WRs out on demand.
+    if mask & 1 != 0 {
+        return libc::EOPNOTSUPP;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
+    // SAFETY: the caller passes a live SRQ.
+    let Some(s) = (unsafe { Srq::from_ibv(srq as *mut c_void) }) else {
+        return libc::EINVAL;
+    };
+    if attr.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller passes an ibv_srq_attr.
+    unsafe {
+        attr.write(IbvSrqAttr {
+            max_wr: s.max_wr,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+    };
+    0
+}
+
+pub(crate) unsafe extern "C" fn op_post_srq_recv(
+    srq: *mut c_void,
+    mut wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    // SAFETY: the caller passes a live SRQ.
+    let Some(s) = (unsafe { Srq::from_ibv(srq) }) else {
+        return libc::EINVAL;
+    };
+    let mut st = s.shared.lock();
+    while !wr.is_null() {
+        // SAFETY: a list of valid requests, by the caller's contract.
+        let w = unsafe { &*wr };
+        // SAFETY: as above.
+        let sge = match unsafe { crate::objects::recv_sge(w, "post_srq_recv") } {
+            Ok(sge) => sge,
+            Err(e) => {
+                if !bad.is_null() {
+                    // SAFETY: the caller passes a writable pointer slot.
+                    unsafe { *bad = wr };
+                }
+                return e;
+            }
+        };
+        if st.pool.len() >= s.max_wr as usize {
+            if !bad.is_null() {
+                // SAFETY: as above.
+                unsafe { *bad = wr };
+            }
+            return libc::ENOMEM;
+        }
+        st.pool.push_back(RecvWr {
+            wr_id: w.wr_id,
+            addr: VirtAddr(sge.addr),
+            len: sge.length,
+            lkey: MrKey::from_raw(sge.lkey),
+        });
+        wr = w.next;
+    }
+    let qpns: Vec<u32> = st.members.keys().copied().collect();
+    for qpn in qpns {
+        Shared::refill(&mut st, qpn);
+    }
+    0
+}
