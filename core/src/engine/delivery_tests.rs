@@ -203,3 +203,42 @@ fn message_ends_reported_out_of_order_complete_in_psn_order() {
     let got: Vec<(Psn, u32)> = done.iter().map(|m| (m.psn, m.len)).collect();
     assert_eq!(got, [(psn(0x401), 5000), (psn(0x402), 7)]);
 }
+
+/// A request cut by the send window goes out in pieces that split its chunks at packet
+/// boundaries: the pieces keep the chunk's addresses, PSNs and FIRST/LAST flags.
+#[test]
+fn a_chunk_is_cut_at_packet_boundaries() {
+    let c = Chunk {
+        laddr: VirtAddr(0x10_0003),
+        raddr: VirtAddr(0x20_0005),
+        len: 5 * 4096,
+        psn: psn(7),
+        packets: 6,
+        is_first: true,
+        is_last: true,
+        is_retry: false,
+    };
+    let pmtu = Pmtu::Mtu4096;
+    assert_eq!(packets_of(&c, pmtu, 7, (0, 6), false), Some(c));
+    assert_eq!(packets_of(&c, pmtu, 7, (6, 9), false), None);
+    let head = packets_of(&c, pmtu, 7, (0, 2), false).unwrap();
+    assert_eq!(
+        (head.raddr.0, head.laddr.0, head.len, head.psn, head.packets),
+        (0x20_0005, 0x10_0003, 2 * 4096 - 5, psn(7), 2)
+    );
+    assert!(head.is_first && !head.is_last);
+    let tail = packets_of(&c, pmtu, 7, (2, 6), false).unwrap();
+    assert_eq!(
+        (tail.raddr.0, tail.laddr.0, tail.len, tail.psn, tail.packets),
+        (0x20_2000, 0x10_1ffe, 3 * 4096 + 5, psn(9), 4)
+    );
+    assert!(!tail.is_first && tail.is_last);
+    assert_eq!(head.len + tail.len, c.len);
+}
+
+/// The send window never lets more PSNs out than fit below the peer card's window top:
+/// a resend from the oldest unacknowledged PSN is never stale there.
+#[test]
+fn the_send_window_fits_the_card_window() {
+    assert_eq!(SEND_WINDOW_CAP, 112);
+}

@@ -46,6 +46,12 @@ const ACK_SLOT: usize = 128;
 /// ACK frame slots: one per simple-NIC TX ring entry, so a slot is reused only after the
 /// card fetched 4096 later frames.
 const ACK_SLOTS: usize = 4096;
+/// Most PSNs in flight per QP, whatever `DeviceConfig::send_window` says: seven of the
+/// card's 16-PSN strides. The peer card's window spans the 128 PSNs below the top of its
+/// newest stride (nic-behaviour.md 3.3); with at most 112 PSNs past the oldest
+/// unacknowledged one, a go-back-N resend from there is never 8 strides behind the newest
+/// PSN sent, so the card merges it instead of ignoring it as stale.
+pub const SEND_WINDOW_CAP: u32 = crate::transport::bitmap::CARD_PSN_NOW_BIT;
 /// Descriptors gathered before one doorbell.
 const BATCH: usize = 64;
 
@@ -1284,7 +1290,6 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Hands pending WQEs of QP `i` to the card while the send window has room.
     fn transmit(&mut self, i: usize, now: Instant) {
         let depth = self.storage.sq_depth();
-        let window = self.cfg.send_window;
         let mut batch = [RawDesc::ZERO; BATCH];
         let mut n = 0usize;
         loop {
@@ -1293,7 +1298,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let (mut w, path, idx, sq_sent, next_psn, next_msn, acked_psn) = {
                 let s = self.storage.slices();
                 let q = &s.qps[i];
-                let idx = i * depth + ((q.sq_head + q.sq_sent) as usize % depth);
+                // The newest request handed over may still have packets the window held
+                // back: it goes on first.
+                let cut = cut_short(q, s.wqes, i, depth);
+                let partial = cut.is_some();
+                let idx = cut.unwrap_or(i * depth + ((q.sq_head + q.sq_sent) as usize % depth));
                 // A responder in RTR answers READ requests (internal WQEs, the only kind
                 // an RTR QP can hold); everything else waits for RTS.
                 let may_send = match q.state {
@@ -1301,7 +1310,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     QpState::Rtr => s.wqes[idx].internal,
                     _ => false,
                 };
-                if q.sq_sent >= q.sq_len || !may_send {
+                if !partial && q.sq_sent >= q.sq_len || !may_send {
                     break;
                 }
                 let p = Path::of(q);
@@ -1381,10 +1390,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.storage.slices().wqes[idx] = w;
                 break;
             };
-            let from = next_psn.forward_distance(Psn::from_raw(w.psn)) as i64;
-            let from = (-from) as u32 % PSN_MOD;
+            // Packets of `w` already handed over (a request the window cut short), and
+            // the ones that go now.
+            let from = Psn::from_raw(w.psn).forward_distance(next_psn).min(w.npsn);
             let to = from + sent;
-            for c in frag.filter_map(|c| packets_of(&c, path.pmtu, w.psn, from, to)) {
+            let whole = w.op == Some(WorkReqOpcode::Read) || w.len == 0;
+            for c in frag.filter_map(|c| packets_of(&c, path.pmtu, w.psn, (from, to), whole)) {
                 n = self.append_chunk(&path, &w, &c, &mut batch, n, false);
                 self.stats.chunks += 1;
             }
@@ -1410,6 +1421,24 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if n > 0 {
             self.flush_send(&batch[..n]);
         }
+    }
+
+    /// How many more packets of `w` the send window lets go now (none: `None`), and the
+    /// send-ring slots they may take. The window is capped below the card's 128-PSN receive
+    /// window ([`SEND_WINDOW_CAP`]) even within one request, so a go-back-N resend from the
+    /// oldest unacknowledged PSN always lands inside the peer card's window, never in its
+    /// stale zone.
+    fn window_room(&self, w: Wqe, next_psn: Psn, acked_psn: Psn) -> Option<(u32, usize)> {
+        let window = self.cfg.send_window.clamp(1, SEND_WINDOW_CAP);
+        let outstanding = acked_psn.forward_distance(next_psn);
+        let left = unsent_packets(&w, next_psn);
+        let room = window.saturating_sub(outstanding);
+        if room == 0 || left == 0 {
+            return None;
+        }
+        let whole = w.op == Some(WorkReqOpcode::Read) || w.len == 0;
+        let count = if whole { left } else { left.min(room) };
+        Some((count, 2 * chunk_count(&w)))
     }
 
     fn flush_send(&mut self, descs: &[RawDesc]) {
@@ -1474,8 +1503,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let nqps = self.storage.slices().qps.len();
         for i in 0..nqps {
             let (in_use, has_pending, deadline) = {
-                let q = &self.storage.slices().qps[i];
-                (q.in_use, q.sq_sent < q.sq_len, q.deadline)
+                let depth = self.storage.sq_depth();
+                let s = self.storage.slices();
+                let q = &s.qps[i];
+                let pending = q.sq_sent < q.sq_len || cut_short(q, s.wqes, i, depth).is_some();
+                (q.in_use, pending, q.deadline)
             };
             if !in_use {
                 continue;
@@ -1918,9 +1950,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
     fn resend(&mut self, i: usize, from: Psn, now: Instant, reads_too: bool) {
         self.stats.retransmits += 1;
         let depth = self.storage.sq_depth();
-        let (path, acked_psn, sq_sent, sq_head) = {
+        let (path, acked_psn, sq_sent, sq_head, next_psn) = {
             let q = &self.storage.slices().qps[i];
-            (Path::of(q), q.acked_psn, q.sq_sent, q.sq_head)
+            (Path::of(q), q.acked_psn, q.sq_sent, q.sq_head, q.next_psn)
         };
         let from = if from.is_before(acked_psn) {
             acked_psn
@@ -1936,7 +1968,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 continue;
             }
             let span = span_of(&w);
-            let psns = PsnRange::new(Psn::from_raw(w.psn), w.npsn);
+            // Only what was sent: the window may have stopped the newest request early.
+            let psns = PsnRange::new(Psn::from_raw(w.psn), w.npsn - unsent_packets(&w, next_psn));
             if !psns.contains(from) && from.is_after(psns.start()) && !read_waiting {
                 continue;
             }
@@ -2543,6 +2576,79 @@ fn next_ready(q: &mut QpSlot, limit: Psn) -> Option<MsgEnd> {
         q.firsts.pop_front();
     }
     Some(m)
+}
+
+/// The index in `wqes` of QP `i`'s newest sent request if the send window stopped it before
+/// its last packet.
+fn cut_short(q: &QpSlot, wqes: &[Wqe], i: usize, depth: usize) -> Option<usize> {
+    if q.sq_sent == 0 {
+        return None;
+    }
+    let last = i * depth + ((q.sq_head + q.sq_sent - 1) as usize % depth);
+    let w = wqes.get(last)?;
+    (unsent_packets(w, q.next_psn) > 0).then_some(last)
+}
+
+/// Packets of `w` not handed to the card yet: all of a pending request; for a sent one, those
+/// from the QP's `next_psn` on (the send window can stop a request in the middle).
+fn unsent_packets(w: &Wqe, next_psn: Psn) -> u32 {
+    match w.state {
+        WqeState::Pending => w.npsn,
+        WqeState::Sent => w
+            .npsn
+            .saturating_sub(Psn::from_raw(w.psn).forward_distance(next_psn)),
+        WqeState::Acked => 0,
+    }
+}
+
+/// The part of chunk `c` of the request starting at PSN `first` whose packets fall in
+/// `[from, to)` (packet indices of the request), cut at packet boundaries; `None` if no
+/// packet of it does. A READ or zero-length request (`whole`) goes as one chunk.
+fn packets_of(
+    c: &Chunk,
+    pmtu: crate::mtu::Pmtu,
+    first: u32,
+    (from, to): (u32, u32),
+    whole: bool,
+) -> Option<Chunk> {
+    if whole {
+        return (from == 0 && to > 0).then_some(*c);
+    }
+    let off = Psn::from_raw(first).forward_distance(c.psn);
+    let lo = from.max(off) - off;
+    let hi = to.min(off + c.packets).saturating_sub(off);
+    if lo >= hi {
+        return None;
+    }
+    if lo == 0 && hi == c.packets {
+        return Some(*c);
+    }
+    let p = u64::from(pmtu.bytes());
+    let aligned = c.raddr.0 & !(p - 1);
+    let at = |k: u32| {
+        if k == 0 {
+            c.raddr.0
+        } else {
+            aligned + u64::from(k) * p
+        }
+    };
+    let start = at(lo);
+    let end = if hi == c.packets {
+        c.raddr.0 + u64::from(c.len)
+    } else {
+        at(hi)
+    };
+    let skip = start - c.raddr.0;
+    Some(Chunk {
+        laddr: VirtAddr(c.laddr.0 + skip),
+        raddr: VirtAddr(start),
+        len: (end - start) as u32,
+        psn: c.psn.wrapping_add(lo),
+        packets: hi - lo,
+        is_first: c.is_first && lo == 0,
+        is_last: c.is_last && hi == c.packets,
+        is_retry: c.is_retry,
+    })
 }
 
 /// What a packet of a QP needs from its slot: the two ends and the PMTU. Copied out so the
