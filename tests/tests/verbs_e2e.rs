@@ -182,6 +182,41 @@ fn read_fetches_the_remote_bytes() {
 }
 
 #[test]
+fn identical_reads_in_flight_are_each_answered() {
+    // perftest's ib_read_bw: 16 READs of the same remote bytes into the same buffer at once.
+    // The responder told a resent request from a new one by its addresses, so it answered
+    // only the first: with retry_cnt 0 the others failed with RETRY_EXC_ERR.
+    let (a, b) = two_devices();
+    let (sa, sb) = connect_with(&a, &b, 14, 0);
+    let sink = sa.pd.alloc_mr(65536, ALL).unwrap();
+    let mut source = sb.pd.alloc_mr(65536, ALL).unwrap();
+    for (i, x) in source.bytes_mut().unwrap().iter_mut().enumerate() {
+        *x = (i % 253) as u8;
+    }
+    let wrs: Vec<SendWr> = (0..16)
+        .map(|k| SendWr {
+            wr_id: k,
+            op: SendOp::Read,
+            laddr: VirtAddr(sink.addr()),
+            len: 65536,
+            lkey: sink.key(),
+            raddr: VirtAddr(source.addr()),
+            rkey: source.key(),
+            signaled: true,
+            solicited: false,
+        })
+        .collect();
+    // SAFETY: the MRs outlive the completions.
+    unsafe { sa.qp.post_send(&wrs).unwrap() };
+    let wc = sa.cq.wait(16, Duration::from_secs(10)).unwrap();
+    let got: Vec<(u64, WcStatus)> = wc.iter().map(|w| (w.wr_id, w.status)).collect();
+    let want: Vec<(u64, WcStatus)> = (0..16).map(|k| (k, WcStatus::Success)).collect();
+    assert_eq!(got, want, "{}\n{}", a.dump(), b.dump());
+    assert!(sink.bytes().unwrap() == source.bytes().unwrap());
+    assert_eq!(a.stats().timeouts, 0, "no READ waited for its timer");
+}
+
+#[test]
 fn write_with_bad_rkey_fails_with_retry_exceeded_and_writes_nothing() {
     let (a, b) = two_devices();
     let (sa, sb) = connect_with(&a, &b, 10, 7);

@@ -194,8 +194,21 @@ fn rnr_retries_run_out_with_rnr_retry_exc_err() {
     let (sa, sb) = sides(&a, &b);
     connect(&sa, &sb, 2);
     let src = sa.pd.alloc_mr(4096, ALL).unwrap();
-    send(&sa.qp, 3, SendOp::Send, &src, 0, 10).unwrap();
-    send(&sa.qp, 4, SendOp::Send, &src, 0, 10).unwrap();
+    // One chain: with min_rnr_timer 1 (10 us) the retries run out in tens of microseconds,
+    // and a second post_send could find the QP in ERR already.
+    let wr = |wr_id| SendWr {
+        wr_id,
+        op: SendOp::Send,
+        laddr: VirtAddr(src.addr()),
+        len: 10,
+        lkey: src.key(),
+        raddr: VirtAddr(0),
+        rkey: bluerdma_core::keys::MrKey::from_raw(0),
+        signaled: true,
+        solicited: false,
+    };
+    // SAFETY: the MR outlives the completions.
+    unsafe { sa.qp.post_send(&[wr(3), wr(4)]) }.unwrap();
     let w = sa.cq.wait(2, Duration::from_secs(5)).unwrap();
     assert_eq!((w[0].wr_id, w[0].status), (3, WcStatus::RnrRetryExcErr));
     assert_eq!((w[1].wr_id, w[1].status), (4, WcStatus::WrFlushErr));

@@ -1700,13 +1700,17 @@ impl<P: Platform, S: Storage> Device<P, S> {
                         },
                     );
                 }
-                if self.answering(i, p.raddr.0, p.total_len, ext.laddr.0) {
-                    // A resent request (the requester's READ timer) while our response is
-                    // still queued or unacknowledged: that response, with its own
-                    // retransmissions, answers it. Another copy of a long response would
-                    // only push the missing packets further back in the send ring.
+                let answered = self.storage.slices().qps[i].read_answered;
+                if answered.is_some_and(|last| !last.is_before(psn)) {
+                    // A resent request (the requester's READ timer): its response is queued,
+                    // in flight with its own retransmissions, or acknowledged (the requester
+                    // has it). Another copy would only push missing packets further back in
+                    // the send ring, or be taken by the requester as the answer to its next
+                    // READ. Requests are told apart by PSN: perftest reads the same address
+                    // into the same buffer every time.
                     return;
                 }
+                self.storage.slices().qps[i].read_answered = Some(psn);
                 self.enqueue(
                     i,
                     Wqe {
@@ -1830,20 +1834,6 @@ impl<P: Platform, S: Storage> Device<P, S> {
             q.retries_left = q.retry_cnt;
             q.deadline = timeout_of(q).map(|t| now + t);
         }
-    }
-
-    /// Whether QP `i` has a READ response from `src` (`len` bytes) to `sink` that is not
-    /// acknowledged yet.
-    fn answering(&mut self, i: usize, src: u64, len: u32, sink: u64) -> bool {
-        let depth = self.storage.sq_depth();
-        let s = self.storage.slices();
-        let q = &s.qps[i];
-        (0..q.sq_len).any(|k| {
-            let w = &s.wqes[i * depth + ((q.sq_head + k) as usize % depth)];
-            w.internal
-                && w.state != WqeState::Acked
-                && (w.laddr, w.len, w.raddr) == (src, len, sink)
-        })
     }
 
     /// Retires acknowledged WQEs (in order) up to `psn` (exclusive).

@@ -317,6 +317,8 @@ pub struct QpSlot {
     /// The out-of-band connection to the peer broke after this QP connected: a SEND that
     /// finds no announced receive WR fails instead of waiting (nothing can announce one).
     pub oob_lost: bool,
+    /// The newest READ request answered (responder): a request at or before it is a resend.
+    pub read_answered: Option<Psn>,
     /// Received messages waiting for their PSNs, in PSN order.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
     /// FIRST packets seen of messages not delivered yet, in PSN order: (PSN, message length,
@@ -372,6 +374,7 @@ impl Default for QpSlot {
             card_fresh: true,
             reports_dropped: false,
             oob_lost: false,
+            read_answered: None,
             msgs: heapless::Deque::new(),
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),
