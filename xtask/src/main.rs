@@ -7,7 +7,10 @@
 //!   that xtask itself stays free of dependencies).
 //! - `cargo xtask perftest`: ibverbs-utils and perftest over the libibverbs.so.1 stand-in
 //!   on the emulated NIC, next to a TCP baseline (`perftest.rs`).
+//! - `cargo xtask cluster [N]`: UCX and Open MPI over the stand-in on N namespaced nodes
+//!   (`cluster.rs`); not part of `ci`.
 
+mod cluster;
 mod firmware;
 mod perftest;
 
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
         Some("sim") => sim(&root, &args[1..]),
         Some("doctor") => doctor(&root, &args[1..]),
         Some("perftest") => perftest::perftest(&root, &args[1..]),
+        Some("cluster") => cluster::cluster(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -62,7 +66,10 @@ fn print_help() {
          problem (`cargo xtask doctor --help`)\n  \
          perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
          target/ibverbs/libibverbs.so.1 on the emulated NIC, with a TCP baseline;\n                 \
-         a table, non-zero exit on any failure (`cargo xtask perftest --help`)"
+         a table, non-zero exit on any failure (`cargo xtask perftest --help`)\n  \
+         cluster [N]    UCX (ucx_info, ucx_perftest) and an MPI test on N emulated nodes\n                 \
+         (namespaces on a bridge), then over UCX's TCP; needs root, not in ci\n                 \
+         (`cargo xtask cluster --help`)"
     );
 }
 

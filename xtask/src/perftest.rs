@@ -251,7 +251,7 @@ fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
 }
 
 /// `cargo build --release -p bluerdma-ibverbs`, then the copy named `libibverbs.so.1`.
-fn build_library(root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn build_library(root: &Path) -> Result<PathBuf, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("perftest: cargo build --release -p bluerdma-ibverbs");
     let status = Command::new(&cargo)
@@ -276,7 +276,7 @@ fn build_library(root: &Path) -> Result<PathBuf, String> {
 }
 
 /// Whether `bin` is an executable file in a `PATH` directory.
-fn on_path(bin: &str) -> bool {
+pub(crate) fn on_path(bin: &str) -> bool {
     use std::os::unix::fs::PermissionsExt;
     env::var_os("PATH").is_some_and(|path| {
         env::split_paths(&path).any(|d| {
@@ -299,10 +299,25 @@ fn ensure_tools(opts: &Opts) -> Result<(), String> {
     if missing.is_empty() {
         return Ok(());
     }
-    let list = missing.join(" ");
+    apt_install("perftest", &missing, opts.timeout)?;
+    for bin in ["ibv_devinfo", "ib_write_bw"] {
+        if !on_path(bin) {
+            return Err(format!(
+                "perftest: {bin} still missing after installing {}",
+                missing.join(" ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `apt-get update` then `apt-get install` of `packages` (through `sudo -n` when not root),
+/// each with a hard limit; `tag` prefixes the messages. A clear error when it cannot be done.
+pub(crate) fn apt_install(tag: &str, packages: &[&str], timeout: Duration) -> Result<(), String> {
+    let list = packages.join(" ");
     if !on_path("apt-get") {
         return Err(format!(
-            "perftest: {list} not installed and apt-get is not available; install them with \
+            "{tag}: {list} not installed and apt-get is not available; install them with \
              the system's package manager"
         ));
     }
@@ -319,35 +334,28 @@ fn ensure_tools(opts: &Opts) -> Result<(), String> {
         let mut argv: Vec<&str> = sudo.to_vec();
         argv.push("apt-get");
         argv.extend_from_slice(args);
-        println!("perftest: {}", argv.join(" "));
+        println!("{tag}: {}", argv.join(" "));
         let child = Command::new(argv[0])
             .args(&argv[1..])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", argv[0]))?;
-        let limit = Duration::from_secs(300).max(opts.timeout);
+        let limit = Duration::from_secs(300).max(timeout);
         match Proc::started(child).wait(Instant::now() + limit) {
             Exit::Code(0) => Ok(()),
             other => Err(format!(
-                "perftest: `{}` failed ({other}); install {list} by hand \
+                "{tag}: `{}` failed ({other}); install {list} by hand \
                  (apt-get install {list})",
                 argv.join(" ")
             )),
         }
     };
-    println!("perftest: {list} missing: installing with apt-get");
+    println!("{tag}: {list} missing: installing with apt-get");
     apt(&["update", "-q"])?;
     let mut install = vec!["install", "-y", "-q", "--no-install-recommends"];
-    install.extend(missing.iter().copied());
+    install.extend(packages.iter().copied());
     apt(&install)?;
-    for bin in ["ibv_devinfo", "ib_write_bw"] {
-        if !on_path(bin) {
-            return Err(format!(
-                "perftest: {bin} still missing after installing {list}"
-            ));
-        }
-    }
     Ok(())
 }
 
@@ -388,7 +396,7 @@ fn check_link_ports_free(ips: &[String]) -> Result<(), String> {
 
 /// Whether a socket in the `/proc/net/{tcp,udp}*` tables has local `port` (and address
 /// `ip` if given; IPv4 tables only then) and state `state` (hex, `0A` = LISTEN) if given.
-fn socket_in(
+pub(crate) fn socket_in(
     tables: &[&str],
     ip: Option<std::net::Ipv4Addr>,
     port: u16,
@@ -418,7 +426,7 @@ fn listening(port: u16) -> bool {
 
 /// How a command ended.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Exit {
+pub(crate) enum Exit {
     Code(i32),
     Signal(i32),
     /// Killed by us at the deadline (or because its peer failed and it did not follow).
@@ -450,15 +458,15 @@ impl From<ExitStatus> for Exit {
 }
 
 /// A started command that is waited for with a deadline.
-struct Proc {
+pub(crate) struct Proc {
     child: Option<Child>,
-    exit: Option<Exit>,
+    pub(crate) exit: Option<Exit>,
     started: Instant,
     ended: Option<Instant>,
 }
 
 impl Proc {
-    fn started(child: Child) -> Proc {
+    pub(crate) fn started(child: Child) -> Proc {
         Proc {
             child: Some(child),
             exit: None,
@@ -467,7 +475,7 @@ impl Proc {
         }
     }
 
-    fn failed_to_start() -> Proc {
+    pub(crate) fn failed_to_start() -> Proc {
         Proc {
             child: None,
             exit: Some(Exit::NoStart),
@@ -477,7 +485,7 @@ impl Proc {
     }
 
     /// Records the exit if the command has ended; true once it has.
-    fn poll(&mut self) -> bool {
+    pub(crate) fn poll(&mut self) -> bool {
         if self.exit.is_none() {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 self.exit = Some(status.into());
@@ -487,7 +495,7 @@ impl Proc {
         self.exit.is_some()
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if !self.poll() {
             if let Some(c) = self.child.as_mut() {
                 let _ = c.kill();
@@ -498,12 +506,12 @@ impl Proc {
         }
     }
 
-    fn wait(mut self, deadline: Instant) -> Exit {
+    pub(crate) fn wait(mut self, deadline: Instant) -> Exit {
         wait_all(std::slice::from_mut(&mut self), deadline);
         self.exit.unwrap_or(Exit::Timeout)
     }
 
-    fn elapsed(&self) -> Duration {
+    pub(crate) fn elapsed(&self) -> Duration {
         self.ended.unwrap_or_else(Instant::now) - self.started
     }
 }
@@ -511,7 +519,7 @@ impl Proc {
 /// Waits for every command until `deadline`, then kills the ones still running. Once one
 /// has failed, the others get five more seconds (a server whose client died would otherwise
 /// wait for the whole timeout).
-fn wait_all(procs: &mut [Proc], mut deadline: Instant) {
+pub(crate) fn wait_all(procs: &mut [Proc], mut deadline: Instant) {
     let grace = Duration::from_secs(5);
     loop {
         let mut all = true;
@@ -631,26 +639,9 @@ impl RunCtx<'_> {
             }
             _ => self.lib_dir.as_os_str().to_owned(),
         };
-        let files = File::create(log).and_then(|f| Ok((f.try_clone()?, f)));
-        let Ok((out, err)) = files else {
-            return Proc::failed_to_start();
-        };
-        // Line-buffered stdout (stdbuf execs the tool, same pid), so that a tool killed at
-        // the deadline still leaves what it printed in the log.
-        let mut cmd = if on_path("stdbuf") {
-            let mut c = Command::new("stdbuf");
-            c.args(["-oL", "-eL", tool]);
-            c
-        } else {
-            Command::new(tool)
-        };
-        cmd.args(args)
-            .env("LD_LIBRARY_PATH", path)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_or_else(|_| Proc::failed_to_start(), Proc::started)
+        let mut cmd = Command::new(tool);
+        cmd.args(args).env("LD_LIBRARY_PATH", path);
+        spawn_logged(cmd, log)
     }
 
     fn log(&self, label: &str, role: &str) -> PathBuf {
@@ -741,6 +732,46 @@ impl RunCtx<'_> {
     }
 }
 
+/// Starts `cmd` with no standard input and its stdout and stderr (interleaved) in `log`.
+/// The program runs line-buffered under `stdbuf` (which execs it, same pid) when that is
+/// installed, so that a command killed at its deadline still leaves what it printed.
+pub(crate) fn spawn_logged(cmd: Command, log: &Path) -> Proc {
+    let files = File::create(log).and_then(|f| Ok((f.try_clone()?, f)));
+    let Ok((out, err)) = files else {
+        return Proc::failed_to_start();
+    };
+    let mut cmd = if on_path("stdbuf") {
+        let mut c = Command::new("stdbuf");
+        c.args(["-oL", "-eL"])
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        if let Some(dir) = cmd.get_current_dir() {
+            c.current_dir(dir);
+        }
+        c
+    } else {
+        cmd
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_or_else(|_| Proc::failed_to_start(), Proc::started)
+}
+
+/// The text of a command's log (empty if it cannot be read).
+pub(crate) fn read_log(log: &Path) -> String {
+    fs::read(log)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
 /// Reads the log of an ended command and makes its row.
 fn finish(
     label: String,
@@ -751,9 +782,7 @@ fn finish(
     log: PathBuf,
     command: String,
 ) -> ToolRun {
-    let out = fs::read(&log)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
+    let out = read_log(&log);
     let (figure, value, problem) = examine(check, &out, devices);
     let exit = p.exit.unwrap_or(Exit::Timeout);
     ToolRun {
@@ -983,7 +1012,7 @@ fn tcp_baseline_main(_: &[String]) -> Result<(), String> {
 
 /// The last `n` lines of `out`, runs of lines that differ only in their digits (a warning
 /// per packet) folded into one line with its count.
-fn print_tail_folded(out: &str, n: usize) {
+pub(crate) fn print_tail_folded(out: &str, n: usize) {
     let shape = |l: &str| l.replace(|c: char| c.is_ascii_hexdigit(), "#");
     let mut folded: Vec<(usize, &str)> = Vec::new();
     for line in out.lines() {
@@ -1002,6 +1031,40 @@ fn print_tail_folded(out: &str, n: usize) {
             eprintln!("  | {line}");
         }
     }
+}
+
+/// One line of the table of commands (perftest's tools, cluster's steps).
+pub(crate) struct TableRow<'a> {
+    pub(crate) label: &'a str,
+    /// The role or node.
+    pub(crate) who: &'a str,
+    pub(crate) exit: Exit,
+    pub(crate) time: Duration,
+    pub(crate) figure: String,
+}
+
+/// Prints the table of commands between two rules; `heads` names the first two columns.
+pub(crate) fn print_table(heads: [&str; 2], rows: &[TableRow]) {
+    let w = rows.iter().map(|r| r.label.len()).max().unwrap_or(4).max(4);
+    let v = rows.iter().map(|r| r.who.len()).max().unwrap_or(6).max(6);
+    let rule = "-".repeat(w + v + 64);
+    println!();
+    println!(
+        "{:<w$}  {:<v$}  {:>8}  {:>7}  figure",
+        heads[0], heads[1], "exit", "time"
+    );
+    println!("{rule}");
+    for r in rows {
+        println!(
+            "{:<w$}  {:<v$}  {:>8}  {:>6.1}s  {}",
+            r.label,
+            r.who,
+            r.exit.to_string(),
+            r.time.as_secs_f64(),
+            r.figure
+        );
+    }
+    println!("{rule}");
 }
 
 impl Report {
@@ -1072,33 +1135,21 @@ impl Report {
     }
 
     fn print(&self) {
-        let w = self
+        let rows: Vec<TableRow> = self
             .runs
             .iter()
-            .map(|r| r.label.len())
-            .max()
-            .unwrap_or(4)
-            .max(4);
-        println!();
-        println!(
-            "{:<w$}  {:<6}  {:>8}  {:>7}  figure",
-            "tool", "role", "exit", "time"
-        );
-        println!("{}", "-".repeat(w + 70));
-        for r in &self.runs {
-            let figure = match &r.problem {
-                Some(p) => format!("{}  BAD OUTPUT: {p}", r.figure),
-                None => r.figure.clone(),
-            };
-            println!(
-                "{:<w$}  {:<6}  {:>8}  {:>6.1}s  {figure}",
-                r.label,
-                r.role,
-                r.exit.to_string(),
-                r.time.as_secs_f64()
-            );
-        }
-        println!("{}", "-".repeat(w + 70));
+            .map(|r| TableRow {
+                label: &r.label,
+                who: r.role,
+                exit: r.exit,
+                time: r.time,
+                figure: match &r.problem {
+                    Some(p) => format!("{}  BAD OUTPUT: {p}", r.figure),
+                    None => r.figure.clone(),
+                },
+            })
+            .collect();
+        print_table(["tool", "role"], &rows);
         match &self.baseline {
             Ok(b) => println!(
                 "TCP loopback: {BW_SIZE} B stream {:.2} MB/s; {LAT_SIZE} B ping-pong {:.2} usec \
@@ -1125,9 +1176,7 @@ impl Report {
                 r.command
             );
             eprintln!("  last lines of {}:", r.log.display());
-            let out = fs::read(&r.log)
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default();
+            let out = read_log(&r.log);
             print_tail_folded(&out, TAIL);
         }
         println!(
