@@ -848,6 +848,17 @@ impl Qp {
         )
     }
 
+    /// How many send WRs posted on this QP have left its send queue (completed, failed or
+    /// flushed, signaled or not): the caller's buffers of the first that many are free.
+    pub fn sq_retired(&self) -> Result<u64, Error> {
+        self.pd
+            .0
+            .ctx
+            .lock()
+            .sq_retired(self.qpn)
+            .map_err(err("sq_retired"))
+    }
+
     /// The QP's state and attributes.
     pub fn query(&self) -> Result<QpSlot, Error> {
         self.pd

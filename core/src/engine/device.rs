@@ -935,6 +935,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
         *q = fresh_qp(q.qpn, q.qp_type, q.pd, q.send_cq, q.recv_cq);
     }
 
+    /// How many of the QP's send WRs have left its send queue (completed, failed or
+    /// flushed, signaled or not) since it was created or reset: a caller that numbers its
+    /// posts knows which of its buffers the card is done with.
+    pub fn sq_retired(&mut self, qpn: QpHandle) -> Result<u64, VerbsError> {
+        let i = self.qp_index(qpn)?;
+        Ok(self.storage.slices().qps[i].retired)
+    }
+
     /// The QP's state and the attributes the driver honours.
     pub fn query_qp(&mut self, qpn: QpHandle) -> Result<QpSlot, VerbsError> {
         let i = self.qp_index(qpn)?;
@@ -1904,6 +1912,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let w = s.wqes[i * depth + q.sq_head as usize % depth];
             q.sq_head = (q.sq_head + 1) % depth as u32;
             q.sq_len -= 1;
+            if !w.internal {
+                q.retired += 1;
+            }
             // The head is the oldest WQE: if anything was sent, it was.
             q.sq_sent = q.sq_sent.saturating_sub(1);
             (w, q.qpn, q.send_cq)

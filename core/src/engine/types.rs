@@ -319,6 +319,8 @@ pub struct QpSlot {
     pub oob_lost: bool,
     /// The newest READ request answered (responder): a request at or before it is a resend.
     pub read_answered: Option<Psn>,
+    /// Send WRs of the caller (not internal READ responses) retired so far.
+    pub retired: u64,
     /// Received messages waiting for their PSNs, in PSN order.
     pub msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
     /// FIRST packets seen of messages not delivered yet, in PSN order: (PSN, message length,
@@ -375,6 +377,7 @@ impl Default for QpSlot {
             reports_dropped: false,
             oob_lost: false,
             read_answered: None,
+            retired: 0,
             msgs: heapless::Deque::new(),
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),

@@ -302,7 +302,7 @@ fn context_ops() -> [usize; 32] {
     let mut o = [0usize; 32];
     o[ops::POLL_CQ] = crate::objects::op_poll_cq as *const () as usize;
     o[ops::REQ_NOTIFY_CQ] = crate::objects::op_req_notify_cq as *const () as usize;
-    o[ops::POST_SEND] = crate::objects::op_post_send as *const () as usize;
+    o[ops::POST_SEND] = crate::post::op_post_send as *const () as usize;
     o[ops::POST_RECV] = crate::objects::op_post_recv as *const () as usize;
     o[ops::POST_SRQ_RECV] = crate::srq::op_post_srq_recv as *const () as usize;
     o
@@ -383,8 +383,9 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         max_qp_wr: cap.sq_depth as c_int,
         // IBV_DEVICE_RC_RNR_NAK_GEN.
         device_cap_flags: 1 << 12,
-        max_sge: 1,
-        max_sge_rd: 1,
+        // Send requests: several SGEs (split or gathered by the library); receive WRs: one.
+        max_sge: crate::post::MAX_SGE as c_int,
+        max_sge_rd: crate::post::MAX_SGE as c_int,
         max_cq: cap.cqs as c_int,
         max_cqe: cap.cq_depth as c_int,
         max_mr: cap.mrs as c_int,

@@ -25,6 +25,7 @@
 pub mod abi;
 mod device;
 mod objects;
+mod post;
 mod srq;
 mod stubs;
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
-use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use bluerdma_core::engine::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use bluerdma_core::keys::MrKey;
 use bluerdma_core::qp::{Gid, QpAttrMask, QpState, RawQpAttr};
 use bluerdma_linux::verbs::{Context, Cq as VCq, Mr as VMr, Pd as VPd, Qp as VQp};
@@ -28,9 +28,9 @@ fn null<T>(errno: c_int) -> *mut T {
 // Protection domains.
 
 #[repr(C)]
-struct Pd {
+pub(crate) struct Pd {
     ibv: IbvPd,
-    pd: VPd,
+    pub(crate) pd: VPd,
     engine: Arc<Context>,
     /// The PD's MRs by key, for READ sinks (see [`Pd::read_sink_key`]).
     mrs: Mutex<HashMap<u32, MrEntry>>,
@@ -56,7 +56,7 @@ impl Pd {
     /// into it. The application's own key stays without REMOTE_WRITE; the sink key travels
     /// in READ requests, so a peer that reads it from the wire could write the region
     /// (README, hardware limitations).
-    fn read_sink_key(&self, lkey: u32) -> Result<u32, c_int> {
+    pub(crate) fn read_sink_key(&self, lkey: u32) -> Result<u32, c_int> {
         let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
         // An unknown key is the engine's to refuse (LOC_PROT_ERR names it).
         let Some(e) = mrs.get_mut(&lkey) else {
@@ -80,7 +80,7 @@ impl Pd {
 
 /// # Safety
 /// `p` is NULL or a live object of type `T` whose first field is the ibv struct.
-unsafe fn own<'a, T, I>(p: *mut I) -> Option<&'a T> {
+pub(crate) unsafe fn own<'a, T, I>(p: *mut I) -> Option<&'a T> {
     // SAFETY: the caller's contract.
     (!p.is_null()).then(|| unsafe { &*(p as *const T) })
 }
@@ -552,13 +552,14 @@ pub(crate) unsafe extern "C" fn op_req_notify_cq(cq: *mut IbvCq, _solicited_only
 // Queue pairs.
 
 #[repr(C)]
-struct Qp {
-    ibv: IbvQp,
-    qp: VQp,
-    cap: IbvQpCap,
-    sq_sig_all: bool,
-    /// Bounce slots for inline data; the lock also serialises posts on this QP.
-    inline: Mutex<Inline>,
+pub(crate) struct Qp {
+    pub(crate) ibv: IbvQp,
+    pub(crate) qp: VQp,
+    pub(crate) cap: IbvQpCap,
+    pub(crate) sq_sig_all: bool,
+    /// Inline and gather buffers and the post count; the lock also serialises posts on
+    /// this QP.
+    pub(crate) post: Mutex<crate::post::PostState>,
     /// The shared receive queue this QP takes its receive WRs from.
     srq: Option<Arc<crate::srq::Shared>>,
 }
@@ -575,68 +576,6 @@ impl Drop for Qp {
                     .remove(&self.ibv.qp_num);
             }
         }
-    }
-}
-
-/// Inline data up to this many bytes per request (what UCX asks for).
-const MAX_INLINE: u32 = 64;
-
-/// A ring of `2 * sq_depth` slots of [`MAX_INLINE`] bytes in one registered buffer, made on
-/// the first inline request. Data is staged before the engine accepts the request, so a
-/// slot can be written for a request that is then refused (a full send queue); the slot
-/// written next belongs to the request `2 * sq_depth` successful posts back, which has
-/// left the send queue (it holds at most `sq_depth`, and a batch stages at most `BATCH`
-/// more): the card never reads a slot that was written again.
-struct Inline {
-    mr: Option<VMr>,
-    /// Inline requests posted so far (successful posts only).
-    next: u64,
-}
-
-impl Inline {
-    /// Copies the SGEs of `wr` into the slot of the `used`-th inline request of this batch.
-    ///
-    /// # Safety
-    /// The SGE list of `wr` is readable and each SGE's bytes too (the verbs contract).
-    unsafe fn stage(&mut self, pd: &Pd, wr: &IbvSendWr, used: u64) -> Result<IbvSge, c_int> {
-        let slots = 2 * caps::capacity().sq_depth as u64;
-        if self.mr.is_none() {
-            let len = (slots * MAX_INLINE as u64) as usize;
-            self.mr = Some(
-                pd.pd
-                    .alloc_mr(len, AccessFlags::LOCAL_WRITE)
-                    .map_err(fail)?,
-            );
-        }
-        let Some(mr) = self.mr.as_mut() else {
-            return Err(libc::ENOMEM);
-        };
-        let key = mr.key().get();
-        let base = mr.addr();
-        let Some(buf) = mr.bytes_mut() else {
-            return Err(libc::ENOMEM);
-        };
-        let at = (((self.next + used) % slots) * MAX_INLINE as u64) as usize;
-        let mut len = 0usize;
-        for k in 0..wr.num_sge.max(0) as usize {
-            // SAFETY: num_sge entries are readable.
-            let sge = unsafe { *wr.sg_list.add(k) };
-            let n = sge.length as usize;
-            if len + n > MAX_INLINE as usize {
-                log::error!("post_send: more than {MAX_INLINE} bytes of inline data");
-                return Err(libc::EINVAL);
-            }
-            // SAFETY: the application's SGE bytes are readable during ibv_post_send (they
-            // need not be registered: that is what inline means).
-            let src = unsafe { std::slice::from_raw_parts(sge.addr as *const u8, n) };
-            buf[at + len..at + len + n].copy_from_slice(src);
-            len += n;
-        }
-        Ok(IbvSge {
-            addr: base + at as u64,
-            length: len as u32,
-            lkey: key,
-        })
     }
 }
 
@@ -661,14 +600,17 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
     let cap = a.cap;
     if cap.max_send_wr > sq
         || cap.max_recv_wr > caps::MAX_RECV_WR
-        || cap.max_send_sge > 1
+        || cap.max_send_sge > crate::post::MAX_SGE as u32
         || cap.max_recv_sge > 1
-        || cap.max_inline_data > MAX_INLINE
+        || cap.max_inline_data > crate::post::MAX_INLINE
     {
         log::error!(
-            "create_qp: {cap:?} exceeds the device (max_send_wr {sq}, max_recv_wr {}, 1 SGE, \
-             {MAX_INLINE} bytes of inline data)",
-            caps::MAX_RECV_WR
+            "create_qp: {cap:?} exceeds the device (max_send_wr {sq}, max_recv_wr {}, {} send \
+             SGEs, 1 receive SGE, \
+             {} bytes of inline data)",
+            caps::MAX_RECV_WR,
+            crate::post::MAX_SGE,
+            crate::post::MAX_INLINE
         );
         return null(libc::EINVAL);
     }
@@ -687,9 +629,9 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
     let cap = IbvQpCap {
         max_send_wr: cap.max_send_wr.max(1),
         max_recv_wr: cap.max_recv_wr.max(1),
-        max_send_sge: 1,
+        max_send_sge: crate::post::MAX_SGE as u32,
         max_recv_sge: 1,
-        max_inline_data: MAX_INLINE,
+        max_inline_data: crate::post::MAX_INLINE,
     };
     a.cap = cap;
     let b = Box::new(Qp {
@@ -712,7 +654,7 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
         qp,
         cap,
         sq_sig_all: a.sq_sig_all != 0,
-        inline: Mutex::new(Inline { mr: None, next: 0 }),
+        post: Mutex::new(crate::post::PostState::default()),
         srq: srq.clone(),
     });
     if let Some(srq) = srq {
@@ -800,6 +742,9 @@ pub unsafe extern "C" fn bv_ibv_modify_qp(
         if let Some(srq) = &q.srq {
             srq.top_up(q.ibv.qp_num);
         }
+        if a.qp_state == QpState::Reset.to_ibv() {
+            q.post.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        }
     }
     0
 }
@@ -884,146 +829,6 @@ pub unsafe extern "C" fn bv_ibv_qp_to_qp_ex(_qp: *mut IbvQp) -> *mut c_void {
     null(libc::EOPNOTSUPP)
 }
 
-/// One `ibv_send_wr` as an engine work request.
-///
-/// # Safety
-/// `wr` and its SGE list are valid (the caller of ibv_post_send guarantees it).
-unsafe fn send_wr(
-    q: &Qp,
-    wr: &IbvSendWr,
-    inline: &mut Inline,
-    used: &mut u64,
-) -> Result<SendWr, c_int> {
-    // SAFETY: a QP's PD lives as long as the QP.
-    let pd = unsafe { &*(q.ibv.pd as *const Pd) };
-    // Everything that can refuse the request comes before an inline slot is taken: a slot
-    // counted for a request that was not posted would be reused too early.
-    let imm = u32::from_be(wr.imm_data);
-    let op = match wr.opcode {
-        IBV_WR_RDMA_WRITE => SendOp::Write,
-        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm(imm),
-        IBV_WR_SEND => SendOp::Send,
-        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(imm),
-        IBV_WR_RDMA_READ => SendOp::Read,
-        other => {
-            log::error!("post_send: opcode {other} is not supported");
-            return Err(libc::EOPNOTSUPP);
-        }
-    };
-    let sge = if wr.send_flags & IBV_SEND_INLINE != 0 && op != SendOp::Read {
-        if wr.num_sge > 0 && wr.sg_list.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: the caller's SGEs are readable.
-        let sge = unsafe { inline.stage(pd, wr, *used)? };
-        *used += 1;
-        sge
-    } else {
-        match wr.num_sge {
-            0 => IbvSge {
-                addr: 0,
-                length: 0,
-                lkey: 0,
-            },
-            // SAFETY: num_sge entries are readable.
-            1 if !wr.sg_list.is_null() => unsafe { *wr.sg_list },
-            n => {
-                log::error!("post_send: {n} SGEs (the device takes 1)");
-                return Err(libc::EINVAL);
-            }
-        }
-    };
-    let lkey = if op == SendOp::Read {
-        pd.read_sink_key(sge.lkey)?
-    } else {
-        sge.lkey
-    };
-    Ok(SendWr {
-        wr_id: wr.wr_id,
-        op,
-        laddr: VirtAddr(sge.addr),
-        len: sge.length,
-        lkey: MrKey::from_raw(lkey),
-        raddr: VirtAddr(wr.wr[0]),
-        rkey: MrKey::from_raw(wr.wr[1] as u32),
-        signaled: q.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0,
-        solicited: wr.send_flags & IBV_SEND_SOLICITED != 0,
-    })
-}
-
-/// Posts in batches of up to 32 requests (one engine call, one doorbell per batch).
-const BATCH: usize = 32;
-
-pub(crate) unsafe extern "C" fn op_post_send(
-    qp: *mut IbvQp,
-    mut wr: *mut IbvSendWr,
-    bad: *mut *mut IbvSendWr,
-) -> c_int {
-    // SAFETY: the caller passes a live QP.
-    let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
-        return libc::EINVAL;
-    };
-    let mut batch = [const { None::<SendWr> }; BATCH];
-    let mut ptrs = [ptr::null_mut::<IbvSendWr>(); BATCH];
-    // Inline requests before each batch entry, to count the slots a partial post used.
-    let mut inline_before = [0u64; BATCH + 1];
-    let set_bad = |p: *mut IbvSendWr| {
-        if !bad.is_null() {
-            // SAFETY: the caller passes a writable pointer slot.
-            unsafe { *bad = p };
-        }
-    };
-    let mut inline = q.inline.lock().unwrap_or_else(|e| e.into_inner());
-    while !wr.is_null() {
-        let mut n = 0;
-        let mut used = 0u64;
-        let mut error = None;
-        while !wr.is_null() && n < BATCH {
-            inline_before[n] = used;
-            // SAFETY: a list of valid requests, by the caller's contract.
-            match unsafe { send_wr(q, &*wr, &mut inline, &mut used) } {
-                Ok(w) => {
-                    batch[n] = Some(w);
-                    ptrs[n] = wr;
-                    n += 1;
-                    // SAFETY: as above.
-                    wr = unsafe { (*wr).next };
-                }
-                Err(e) => {
-                    error = Some((wr, e));
-                    break;
-                }
-            }
-        }
-        inline_before[n] = used;
-        let wrs: [SendWr; BATCH] = core::array::from_fn(|i| batch[i].unwrap_or(EMPTY_WR));
-        // SAFETY: the verbs contract: buffers belong to the requests until completion.
-        if let Err((k, e)) = unsafe { q.qp.post_send(&wrs[..n]) } {
-            inline.next += inline_before[k];
-            set_bad(ptrs[k]);
-            return fail(e);
-        }
-        inline.next += used;
-        if let Some((at, e)) = error {
-            set_bad(at);
-            return e;
-        }
-    }
-    0
-}
-
-const EMPTY_WR: SendWr = SendWr {
-    wr_id: 0,
-    op: SendOp::Write,
-    laddr: VirtAddr(0),
-    len: 0,
-    lkey: MrKey::from_raw(0),
-    raddr: VirtAddr(0),
-    rkey: MrKey::from_raw(0),
-    signaled: false,
-    solicited: false,
-};
-
 /// The one SGE of a receive WR (none: a zero-length buffer).
 ///
 /// # Safety
@@ -1069,12 +874,12 @@ pub(crate) unsafe extern "C" fn op_post_recv(
         addr: VirtAddr(0),
         len: 0,
         lkey: MrKey::from_raw(0),
-    }; BATCH];
-    let mut ptrs = [ptr::null_mut::<IbvRecvWr>(); BATCH];
+    }; crate::post::BATCH];
+    let mut ptrs = [ptr::null_mut::<IbvRecvWr>(); crate::post::BATCH];
     while !wr.is_null() {
         let mut n = 0;
         let mut error = None;
-        while !wr.is_null() && n < BATCH {
+        while !wr.is_null() && n < crate::post::BATCH {
             // SAFETY: a list of valid requests, by the caller's contract.
             let w = unsafe { &*wr };
             // SAFETY: as above.
