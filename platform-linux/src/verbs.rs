@@ -162,12 +162,16 @@ impl Context {
             op: "open",
             kind: VerbsError::Unsupported { what },
         };
-        let link =
-            bluerdma_sim::link::UdpLink::bind(bluerdma_sim::link::UdpLinkConfig::new(spec.ip))
-                .map_err(|e| {
-                    log::error!("open {}: UDP link on {}:4791: {e}", spec.name, spec.ip);
-                    fail("the UDP link address is taken or not local (see the log)")
-                })?;
+        // A device configured on a non-loopback address (a node's own address in a network
+        // namespace, or a host's) reaches its peers over that network.
+        let link_cfg = bluerdma_sim::link::UdpLinkConfig {
+            network: !spec.ip.is_loopback(),
+            ..bluerdma_sim::link::UdpLinkConfig::new(spec.ip)
+        };
+        let link = bluerdma_sim::link::UdpLink::bind(link_cfg).map_err(|e| {
+            log::error!("open {}: UDP link on {}:4791: {e}", spec.name, spec.ip);
+            fail("the UDP link address is taken or not local (see the log)")
+        })?;
         let link: Box<dyn LinkPort> = match std::env::var_os(PCAP_ENV) {
             Some(path) => {
                 let path = std::path::PathBuf::from(path).join(format!("{}.pcap", spec.name));

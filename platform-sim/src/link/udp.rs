@@ -38,8 +38,12 @@ pub const DEFAULT_PORT: u16 = 4791;
 /// How to open a [`UdpLink`] port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UdpLinkConfig {
-    /// The card's own address; must be in 127.0.0.0/8.
+    /// The card's own address: in 127.0.0.0/8, or any local address with `network`.
     pub ip: Ipv4Addr,
+    /// Let the card use a non-loopback address and send to peers anywhere the host routes
+    /// (cards in network namespaces, or on real hosts). Off by default: the link then only
+    /// ever reaches 127.0.0.0/8.
+    pub network: bool,
     /// The UDP port of every card on this link (0: a free port chosen by the kernel when
     /// the first card binds; give the others [`UdpLink::local_addr`]'s port).
     pub port: u16,
@@ -59,6 +63,7 @@ impl UdpLinkConfig {
             port: DEFAULT_PORT,
             max_datagram_bytes: MAX_UDP_PAYLOAD,
             socket_buffer_bytes: 8 << 20,
+            network: false,
         }
     }
 
@@ -113,13 +118,17 @@ const RX_SLOT_LEN: usize = 64 << 10;
 impl UdpLink {
     /// Opens the port: binds `config.ip:config.port` with large socket buffers.
     ///
-    /// Fails with `InvalidInput` if the address is not in 127.0.0.0/8, and with the
-    /// socket error (e.g. `AddrInUse`) if the bind fails.
+    /// Fails with `InvalidInput` if the address is not in 127.0.0.0/8 (unless
+    /// `config.network`), and with the socket error (e.g. `AddrInUse`) if the bind fails.
     pub fn bind(config: UdpLinkConfig) -> io::Result<Self> {
-        if !config.ip.is_loopback() {
+        if !config.ip.is_loopback() && !config.network {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("UDP link address {} is not in 127.0.0.0/8", config.ip),
+                format!(
+                    "UDP link address {} is not in 127.0.0.0/8 (set UdpLinkConfig::network to \
+                     use the network)",
+                    config.ip
+                ),
             ));
         }
         let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
@@ -201,6 +210,14 @@ impl UdpSender {
     fn pack(&mut self, frame: &[u8]) {
         let dst = match frame_dst_ipv4(frame) {
             Ok(ip) if ip.is_loopback() => ip,
+            Ok(ip)
+                if self.config.network
+                    && !ip.is_unspecified()
+                    && !ip.is_multicast()
+                    && !ip.is_broadcast() =>
+            {
+                ip
+            }
             Ok(ip) => {
                 log::debug!(
                     "link {}: frame for {ip} is not for 127.0.0.0/8; dropped",
