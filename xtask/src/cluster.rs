@@ -12,9 +12,10 @@
 //!    `/dev/infiniband/uverbs0` (a character device, which UCX requires of every verbs
 //!    device it lists, by the `dev_name` the stand-in reports). The machine's `/dev` is
 //!    never written. Commands run in a node through `nsenter` into that process's
-//!    namespaces, with `LD_LIBRARY_PATH=target/ibverbs` and
-//!    `BLUERDMA_DEVICES=bluerdma0=127.77.0.(10+i)` (see [`DEVICE_NET`]); mpirun reaches the nodes through
-//!    `target/xtask/cluster/node-rsh.sh`, its `plm_rsh_agent`.
+//!    namespaces, with `LD_LIBRARY_PATH=target/ibverbs` and no device configuration: the
+//!    stand-in takes the only non-loopback address of the node's namespace as bluerdma0's.
+//!    mpirun reaches the nodes through `target/xtask/cluster/node-rsh.sh`, its
+//!    `plm_rsh_agent`.
 //! 3. Runs, each with a timeout and its exit code checked: `ucx_info -d` on node0 (the memory
 //!    domain `bluerdma0` must be listed); `ucx_perftest` UCT put_bw and get over rc_verbs on
 //!    `bluerdma0:1` and UCP tag_bw, 1 MiB, node0 serving node1; `tests/mpi/mpitest.c` under
@@ -43,10 +44,6 @@ const BRIDGE: &str = "bvcl-br0";
 const SUBNET: &str = "10.77.0.0/24";
 const BRIDGE_IP: &str = "10.77.0.1";
 const MAX_NODES: usize = 200;
-/// The emulated link binds only addresses in 127.0.0.0/8 (platform-sim `UdpLink::bind`), so
-/// each node's NIC gets 127.77.0.(10+i), carried on the node's eth0 (`route_localnet`, and
-/// its lo keeps 127.0.0.1/32 only): the packets cross our bridge like any other.
-const DEVICE_NET: &str = "127.77.0.";
 /// The device each node has, and the `dev_name` the stand-in gives it.
 const DEVICE: &str = "bluerdma0";
 const DEV_NAME: &str = "uverbs0";
@@ -249,11 +246,6 @@ fn node_ip(i: usize) -> String {
     format!("10.77.0.{}", 10 + i)
 }
 
-/// The address of node `i`'s emulated NIC (see [`DEVICE_NET`]).
-fn device_ip(i: usize) -> String {
-    format!("{DEVICE_NET}{}", 10 + i)
-}
-
 fn netns(i: usize) -> String {
     format!("{PREFIX}n{i}")
 }
@@ -371,9 +363,8 @@ fn rsh_script(nodes: &[Node], lib_dir: &Path, dir: &Path) -> String {
     let mut cases = String::new();
     for n in nodes {
         cases.push_str(&format!(
-            "    {ip} | node{i}) pid={pid} dev={dev} ;;\n",
+            "    {ip} | node{i}) pid={pid} ;;\n",
             ip = n.ip,
-            dev = device_ip(n.index),
             i = n.index,
             pid = n.init
         ));
@@ -386,7 +377,8 @@ fn rsh_script(nodes: &[Node], lib_dir: &Path, dir: &Path) -> String {
          shift\n\
          case $host in\n{cases}    *) echo \"node-rsh: no node $host\" >&2; exit 255 ;;\n\
          esac\n\
-         export LD_LIBRARY_PATH={lib} BLUERDMA_DEVICES={DEVICE}=$dev\n\
+         unset BLUERDMA_DEVICES\n\
+         export LD_LIBRARY_PATH={lib}\n\
          exec nsenter -t \"$pid\" -n -i -p -u -m --wd={dir} -- /bin/sh -c \"$*\"\n",
         lib = lib_dir.display(),
         dir = dir.display(),
@@ -464,10 +456,9 @@ impl Cluster {
             .args(["--", program])
             .args(args)
             .env("LD_LIBRARY_PATH", &self.lib_dir)
-            .env(
-                "BLUERDMA_DEVICES",
-                format!("{DEVICE}={}", device_ip(node.index)),
-            );
+            // Each node finds its device's address itself: the only non-loopback IPv4
+            // address of its network namespace (the library's rule).
+            .env_remove("BLUERDMA_DEVICES");
         c
     }
 
@@ -530,17 +521,12 @@ fn watchdog() -> Result<std::process::Child, String> {
         .map_err(|e| format!("cluster: cannot start the teardown watchdog: {e}"))
 }
 
-/// Lets a node's eth0 carry 127.0.0.0/8 (run in the node's network namespace).
-const LOCALNET: &str =
-    "for i in all eth0; do echo 1 > /proc/sys/net/ipv4/conf/$i/route_localnet; done";
-
 /// Node `i`: its namespace, veth and address, then its node process, once it is ready.
 fn add_node(i: usize, dir: &Path, init: &Path) -> Result<Node, String> {
     let ns = netns(i);
     let host = format!("{PREFIX}h{i}");
     let ip = node_ip(i);
     let cidr = format!("{ip}/24");
-    let dev_cidr = format!("{}/24", device_ip(i));
     for argv in [
         vec!["ip", "netns", "add", &ns],
         vec![
@@ -551,11 +537,6 @@ fn add_node(i: usize, dir: &Path, init: &Path) -> Result<Node, String> {
         vec!["ip", "-n", &ns, "addr", "add", &cidr, "dev", "eth0"],
         vec!["ip", "-n", &ns, "link", "set", "eth0", "up"],
         vec!["ip", "-n", &ns, "link", "set", "lo", "up"],
-        // The NIC's loopback-range address, routed over eth0 (see DEVICE_NET).
-        vec!["ip", "-n", &ns, "addr", "del", "127.0.0.1/8", "dev", "lo"],
-        vec!["ip", "-n", &ns, "addr", "add", "127.0.0.1/32", "dev", "lo"],
-        vec!["ip", "-n", &ns, "addr", "add", &dev_cidr, "dev", "eth0"],
-        vec!["ip", "netns", "exec", &ns, "sh", "-c", LOCALNET],
     ] {
         sh(&argv).map_err(|e| format!("cluster: node{i}: {e}"))?;
     }
