@@ -77,7 +77,14 @@ fn frames_reach_the_handler_whole_and_in_order() {
         let got = rx
             .recv_timeout(WAIT)
             .unwrap_or_else(|_| panic!("frame {i} of {} did not arrive", sent.len()));
-        assert_eq!(&got, want, "frame {i}");
+        assert!(
+            got == *want,
+            "frame {i}: got {} bytes {:02x?}, want {} bytes {:02x?}",
+            got.len(),
+            &got[..got.len().min(80)],
+            want.len(),
+            &want[..want.len().min(80)]
+        );
     }
     assert_eq!(frame(0, UD_MAX_PAYLOAD).len(), UD_MAX_FRAME - 4);
     let s = b.stats();

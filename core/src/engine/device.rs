@@ -49,9 +49,16 @@ const ACK_SLOTS: usize = 4096;
 /// Size of one raw frame slot ([`Device::send_raw`]): a whole simple-NIC RX slot of the
 /// receiving card, the largest frame it takes.
 pub const RAW_FRAME_MAX: usize = RX_SLOT_SIZE as usize;
-/// Raw frame slots. Fewer than the ring's entries, so a slot is reused only once the card
-/// has fetched the frame it last held (checked against the ring's tail).
-const RAW_SLOTS: usize = 64;
+/// Raw frame slots (512 KiB). Fewer than the ring's entries, so a slot is reused only
+/// once the card is done with the frame it last held, checked against the ring's tail.
+const RAW_SLOTS: usize = 256;
+/// The ring's tail counts descriptors fetched, not executed (nic-behaviour.md 6.2): the
+/// card reads a frame's bytes after it fetched the descriptor, and fetches the next batch
+/// (16 descriptors on the RTL, 64 on the emulated card) only once the batch before is
+/// done. A raw frame's slot is free once the card has fetched this many descriptors
+/// beyond it.
+const RAW_FETCH_MARGIN: u64 = 128;
+const _: () = assert!(RAW_SLOTS as u64 > RAW_FETCH_MARGIN);
 /// Most PSNs in flight per QP, whatever `DeviceConfig::send_window` says: seven of the
 /// card's 16-PSN strides. The peer card's window spans the 128 PSNs below the top of its
 /// newest stride (nic-behaviour.md 3.3); with at most 112 PSNs past the oldest
@@ -1727,11 +1734,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
         };
         let slot = self.raw_slots.next;
         if let Some(seq) = self.raw_seq[slot] {
-            // Frames before `fetched` have been read by the card.
+            // Descriptors before `fetched` have been fetched by the card.
             let fetched = |ring: &ProducerRing| self.sn_tx_seq - u64::from(ring.pending());
-            if seq >= fetched(&self.sn_tx) {
+            if seq + RAW_FETCH_MARGIN >= fetched(&self.sn_tx) {
                 let _ = self.sn_tx.refresh_tail(&self.regs);
-                if seq >= fetched(&self.sn_tx) {
+                if seq + RAW_FETCH_MARGIN >= fetched(&self.sn_tx) {
                     return Err(busy);
                 }
             }
