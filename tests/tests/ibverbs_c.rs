@@ -23,6 +23,7 @@ const PROGRAMS: &[&str] = &[
     "multi_round_write",
     "event_channel",
     "srq",
+    "ud",
 ];
 /// Sources every program is linked with.
 const HELPERS: &[&str] = &["pair.c", "verify.c"];
