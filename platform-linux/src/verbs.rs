@@ -115,6 +115,50 @@ struct Inner {
     card: Mutex<Option<InProcessCard>>,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
     armed: Mutex<Vec<Weak<CqInner>>>,
+    /// The consumer of received simple-NIC frames ([`Context::set_raw_handler`]).
+    raw: Mutex<Option<RawHandler>>,
+    /// Whether `raw` is set (read by the progress thread without taking `raw`).
+    raw_wanted: AtomicBool,
+}
+
+/// A consumer of received simple-NIC frames: called on the progress thread with each
+/// frame's bytes, without the device lock (it may post, poll or send raw frames).
+pub type RawHandler = Box<dyn FnMut(&[u8]) + Send>;
+
+/// Frames taken from the engine under its lock, handed to the raw handler after it.
+#[derive(Default)]
+struct RawBatch {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl RawBatch {
+    /// Copies the frames the engine holds (when a handler wants them); returns how many.
+    fn take(&mut self, inner: &Inner, dev: &mut Engine) -> usize {
+        self.bytes.clear();
+        self.ends.clear();
+        if !inner.raw_wanted.load(Ordering::Acquire) {
+            return 0;
+        }
+        dev.take_raw_frames(&mut |f| {
+            self.bytes.extend_from_slice(f);
+            self.ends.push(self.bytes.len());
+        })
+    }
+
+    /// Runs the handler on every frame taken.
+    fn deliver(&self, inner: &Inner) {
+        if self.ends.is_empty() {
+            return;
+        }
+        let mut h = inner.raw.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(h) = h.as_mut() else { return };
+        let mut start = 0;
+        for &end in &self.ends {
+            h(&self.bytes[start..end]);
+            start = end;
+        }
+    }
 }
 
 impl Inner {
@@ -249,6 +293,8 @@ impl Context {
             spec,
             card: Mutex::new(Some(card)),
             armed: Mutex::new(Vec::new()),
+            raw: Mutex::new(None),
+            raw_wanted: AtomicBool::new(false),
         });
         let thread_inner = Arc::clone(&inner);
         let progress = thread::Builder::new()
@@ -324,6 +370,25 @@ impl Context {
         })))
     }
 
+    /// Sets (or, with `None`, removes) the consumer of received simple-NIC frames: frames
+    /// whose UDP destination port is not 4791 (nic-behaviour.md 2.1). The progress thread
+    /// takes them from the engine each round and calls `handler` with each, without the
+    /// device lock. Without a handler they are dropped and counted (`raw_dropped`).
+    pub fn set_raw_handler(&self, handler: Option<RawHandler>) {
+        let on = handler.is_some();
+        *self.inner.raw.lock().unwrap_or_else(|e| e.into_inner()) = handler;
+        self.inner.raw_wanted.store(on, Ordering::Release);
+        self.inner.lock().set_keep_raw_frames(on);
+        self.inner.kick();
+    }
+
+    /// Sends one whole Ethernet frame (at most 2048 bytes) through the simple NIC; the
+    /// bytes are copied, so `frame` may be reused at once. Busy: every TX slot is still
+    /// waiting for the card (try again).
+    pub fn send_raw(&self, frame: &[u8]) -> Result<(), Error> {
+        self.inner.lock().send_raw(frame).map_err(err("send_raw"))
+    }
+
     /// Drives the engine once (the progress thread does this too).
     pub fn poll(&self) -> bool {
         let now = self.inner.now();
@@ -343,26 +408,25 @@ impl Drop for Context {
 
 fn progress_loop(inner: &Inner) {
     let mut idle_rounds = 0u32;
+    let mut raw = RawBatch::default();
     while !inner.stop.load(Ordering::Acquire) {
         let now = inner.now();
         // try_lock: an application thread inside a verb drives progress itself; the progress
         // thread never makes it wait (on two cores a contended lock costs more than a poll).
         let mut fire = Vec::new();
+        let mut round = |dev: &mut Engine| {
+            let w = dev.poll(now);
+            let frames = raw.take(inner, dev);
+            collect_events(inner, dev, &mut fire);
+            (w || frames > 0, dev.next_deadline())
+        };
         let polled = match inner.dev.try_lock() {
-            Ok(mut dev) => {
-                let w = dev.poll(now);
-                collect_events(inner, &mut dev, &mut fire);
-                Some((w, dev.next_deadline()))
-            }
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                let mut dev = p.into_inner();
-                let w = dev.poll(now);
-                collect_events(inner, &mut dev, &mut fire);
-                Some((w, dev.next_deadline()))
-            }
+            Ok(mut dev) => Some(round(&mut dev)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(round(&mut p.into_inner())),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
-        // Event callbacks run without the engine lock (they write to a channel's pipe).
+        // The raw handler and event callbacks run without the engine lock.
+        raw.deliver(inner);
         for cq in fire {
             if let Some(f) = cq.notify.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 f();
@@ -419,8 +483,10 @@ fn collect_events(inner: &Inner, dev: &mut Engine, fire: &mut Vec<Arc<CqInner>>)
         if stash.is_empty() {
             return true;
         }
-        cq.armed.store(false, Ordering::Release);
-        fire.push(Arc::clone(&cq));
+        // Cq::push may have fired and disarmed it meanwhile.
+        if cq.armed.swap(false, Ordering::AcqRel) {
+            fire.push(Arc::clone(&cq));
+        }
         false
     });
 }
@@ -667,6 +733,27 @@ impl Cq {
             thread::yield_now();
         }
         Ok(n)
+    }
+
+    /// Adds a completion made outside the engine (a software transport such as UD): polls
+    /// return it after the ones already taken from the engine, and an armed CQ fires.
+    pub fn push(&self, wc: WorkCompletion) {
+        self.0
+            .stash
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(wc);
+        if self.0.armed.swap(false, Ordering::AcqRel) {
+            if let Some(f) = self
+                .0
+                .notify
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
+                f();
+            }
+        }
     }
 
     /// Sets the callback [`Cq::arm`] fires (a completion channel's writer). It runs on the

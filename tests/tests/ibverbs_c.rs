@@ -24,6 +24,7 @@ const PROGRAMS: &[&str] = &[
     "event_channel",
     "srq",
     "sge",
+    "ud",
 ];
 /// Sources every program is linked with.
 const HELPERS: &[&str] = &["pair.c", "verify.c"];

@@ -14,7 +14,7 @@ use crate::desc::cmd::{
 use crate::desc::meta::{AckReport, MetaReport, PacketInfo};
 use crate::desc::pgt::{stage_pgt_update, DRIVER_ENTRIES_PER_UPDATE};
 use crate::desc::send::{SendFlags, SendRequest, SendSeg0, SendSeg1, WorkReqOpcode};
-use crate::desc::simple_nic::{SimpleNicTx, RX_BUFFER_SIZE};
+use crate::desc::simple_nic::{SimpleNicRx, SimpleNicTx, RX_BUFFER_SIZE, RX_SLOTS, RX_SLOT_SIZE};
 use crate::desc::{AccessFlags, MacAddr, RawDesc};
 use crate::keys::{MrKey, Qpn, MR_TABLE_LEN, PGT_LEN};
 use crate::oob::RecvWr as OobRecvWr;
@@ -46,6 +46,19 @@ const ACK_SLOT: usize = 128;
 /// ACK frame slots: one per simple-NIC TX ring entry, so a slot is reused only after the
 /// card fetched 4096 later frames.
 const ACK_SLOTS: usize = 4096;
+/// Size of one raw frame slot ([`Device::send_raw`]): a whole simple-NIC RX slot of the
+/// receiving card, the largest frame it takes.
+pub const RAW_FRAME_MAX: usize = RX_SLOT_SIZE as usize;
+/// Raw frame slots (512 KiB). Fewer than the ring's entries, so a slot is reused only
+/// once the card is done with the frame it last held, checked against the ring's tail.
+const RAW_SLOTS: usize = 256;
+/// The ring's tail counts descriptors fetched, not executed (nic-behaviour.md 6.2): the
+/// card reads a frame's bytes after it fetched the descriptor, and fetches the next batch
+/// (16 descriptors on the RTL, 64 on the emulated card) only once the batch before is
+/// done. A raw frame's slot is free once the card has fetched this many descriptors
+/// beyond it.
+const RAW_FETCH_MARGIN: u64 = 128;
+const _: () = assert!(RAW_SLOTS as u64 > RAW_FETCH_MARGIN);
 /// Most PSNs in flight per QP, whatever `DeviceConfig::send_window` says: seven of the
 /// card's 16-PSN strides. The peer card's window spans the 128 PSNs below the top of its
 /// newest stride (nic-behaviour.md 3.3); with at most 112 PSNs past the oldest
@@ -156,8 +169,15 @@ pub struct EngineStats {
     pub timeouts: u64,
     /// READ requests refused (bad rkey, bounds or access: hardware-contract.md 12a).
     pub read_refused: u64,
-    /// Simple-NIC frames received (and dropped: nothing else uses them yet).
+    /// Simple-NIC frames received.
     pub raw_frames: u64,
+    /// Received simple-NIC frames dropped because no consumer asked for them
+    /// ([`Device::set_keep_raw_frames`]).
+    pub raw_dropped: u64,
+    /// Simple-NIC RX descriptors that did not decode or named bytes outside their slot.
+    pub raw_bad: u64,
+    /// Raw frames sent ([`Device::send_raw`]).
+    pub raw_sent: u64,
     /// Completions lost to a full CQ.
     pub cq_overruns: u64,
     /// Batches the send ring refused (their packets go out again by retransmission).
@@ -195,8 +215,14 @@ pub struct Device<P: Platform, S: Storage> {
     sn_rx: ConsumerRing,
     rx_buf: Option<DmaBuffer>,
     staging: Option<DmaBuffer>,
-    ack_buf: Option<DmaBuffer>,
-    ack_next: usize,
+    ack_slots: TxSlots,
+    raw_slots: TxSlots,
+    /// For each raw slot, the simple-NIC TX sequence number of the frame it last held.
+    raw_seq: [Option<u64>; RAW_SLOTS],
+    /// Descriptors pushed on the simple-NIC TX ring so far.
+    sn_tx_seq: u64,
+    /// A consumer takes received simple-NIC frames ([`Device::take_raw_frames`]).
+    keep_raw_frames: bool,
     next_tag: u8,
     key_seq: u32,
     pgt_used: [u64; (PGT_LEN / 64) as usize],
@@ -225,6 +251,34 @@ fn ring_memory(dma: &impl DmaAllocator) -> Result<RingMemory, VerbsError> {
 
 fn dma_free(dma: &impl DmaAllocator, buf: DmaBuffer) {
     crate::platform::release(dma, buf)
+}
+
+/// A DMA buffer cut into equal slots for simple-NIC TX frames, used round-robin.
+struct TxSlots {
+    buf: Option<DmaBuffer>,
+    size: usize,
+    next: usize,
+}
+
+impl TxSlots {
+    fn new(buf: DmaBuffer, size: usize) -> Self {
+        TxSlots {
+            buf: Some(buf),
+            size,
+            next: 0,
+        }
+    }
+
+    /// The next slot (its device address and bytes); the one after it comes next time.
+    fn take(&mut self) -> Option<(DeviceAddr, &mut [u8])> {
+        let buf = self.buf.as_mut()?;
+        let count = buf.len() / self.size;
+        let slot = self.next;
+        self.next = (slot + 1) % count.max(1);
+        let at = slot * self.size;
+        let addr = DeviceAddr(buf.device_addr().0 + at as u64);
+        Some((addr, buf.as_mut_slice().get_mut(at..at + self.size)?))
+    }
 }
 
 /// Writes a send request into two consecutive batch slots.
@@ -275,7 +329,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         let rx_buf = dma.alloc(RX_BUFFER_SIZE as usize, 2 << 20)?;
         let staging = dma.alloc(4096, 4096)?;
-        let ack_buf = dma.alloc(ACK_SLOT * ACK_SLOTS, 4096)?;
+        let ack_slots = TxSlots::new(dma.alloc(ACK_SLOT * ACK_SLOTS, 4096)?, ACK_SLOT);
+        let raw_slots = TxSlots::new(dma.alloc(RAW_FRAME_MAX * RAW_SLOTS, 4096)?, RAW_FRAME_MAX);
         let rx_addr = rx_buf.device_addr();
         let mut dev = Device {
             regs,
@@ -291,8 +346,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
             sn_rx,
             rx_buf: Some(rx_buf),
             staging: Some(staging),
-            ack_buf: Some(ack_buf),
-            ack_next: 0,
+            ack_slots,
+            raw_slots,
+            raw_seq: [None; RAW_SLOTS],
+            sn_tx_seq: 0,
+            keep_raw_frames: false,
             next_tag: 0,
             key_seq: 0x5A,
             pgt_used: [0; (PGT_LEN / 64) as usize],
@@ -1607,17 +1665,106 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 
     fn poll_raw_rx(&mut self) -> bool {
-        // Nothing consumes raw frames yet; the ring must still be drained or the card
-        // stops receiving (correction 1).
-        let mut any = false;
-        while self.sn_rx.pop().is_some() {
-            self.stats.raw_frames += 1;
-            any = true;
+        // A consumer drains the ring with take_raw_frames; without one the frames are
+        // dropped here, since the card stops receiving when the ring stays full
+        // (correction 1).
+        if self.keep_raw_frames {
+            return false;
         }
-        if any {
+        let mut dropped = 0;
+        let popped = self.drain_raw(&mut |_| dropped += 1);
+        self.stats.raw_dropped += dropped;
+        popped > 0
+    }
+
+    /// Asks `poll` to leave received simple-NIC frames for [`Device::take_raw_frames`]
+    /// (`true`) or to drop them (`false`, the default). A consumer that keeps them must
+    /// call `take_raw_frames` as often as it polls: the card stops receiving, RDMA
+    /// included, while the ring is full.
+    pub fn set_keep_raw_frames(&mut self, keep: bool) {
+        self.keep_raw_frames = keep;
+    }
+
+    /// Hands each received simple-NIC frame to `f` (the bytes in the RX buffer slot, as
+    /// long as its descriptor says) and frees its ring entry; returns how many frames `f`
+    /// saw. A descriptor that does not decode or names bytes beyond its 2048-byte slot is
+    /// counted in `raw_bad` and skipped. At most one buffer's worth (1024 frames) per call.
+    pub fn take_raw_frames(&mut self, f: &mut dyn FnMut(&[u8])) -> usize {
+        let mut n = 0;
+        self.drain_raw(&mut |frame| {
+            n += 1;
+            f(frame)
+        });
+        n
+    }
+
+    /// Pops up to RX_SLOTS simple-NIC RX descriptors, `f` seeing each good frame; returns
+    /// how many descriptors were popped.
+    fn drain_raw(&mut self, f: &mut dyn FnMut(&[u8])) -> usize {
+        let mut popped = 0;
+        while popped < RX_SLOTS as usize {
+            let Some(p) = self.sn_rx.pop() else { break };
+            popped += 1;
+            self.stats.raw_frames += 1;
+            let rx = match p {
+                Popped::One(d) => SimpleNicRx::decode(&d).ok(),
+                _ => None,
+            };
+            let frame = rx.filter(|rx| rx.len <= RX_SLOT_SIZE).and_then(|rx| {
+                let start = rx.buffer_offset() as usize;
+                let buf = self.rx_buf.as_mut()?.as_mut_slice();
+                buf.get(start..start + rx.len as usize)
+            });
+            match frame {
+                Some(bytes) => f(bytes),
+                None => self.stats.raw_bad += 1,
+            }
+        }
+        if popped > 0 {
             self.sn_rx.sync_tail(&self.regs);
         }
-        any
+        popped
+    }
+
+    /// Sends one whole Ethernet frame (at most [`RAW_FRAME_MAX`] bytes, the receiving
+    /// card's RX slot) through the simple NIC: the bytes are copied into a DMA slot, so
+    /// `frame` may be reused at once. Errors: an empty or oversized frame
+    /// (InvalidArgument); every slot still waiting for the card, or a full ring (Busy: try
+    /// again after a poll).
+    pub fn send_raw(&mut self, frame: &[u8]) -> Result<(), VerbsError> {
+        if frame.is_empty() || frame.len() > RAW_FRAME_MAX {
+            return Err(VerbsError::InvalidArgument {
+                what: "raw frame length (1..=2048 bytes)",
+            });
+        }
+        let busy = VerbsError::Busy {
+            what: "the simple-NIC TX ring",
+        };
+        let slot = self.raw_slots.next;
+        if let Some(seq) = self.raw_seq[slot] {
+            // Descriptors before `fetched` have been fetched by the card.
+            let fetched = |ring: &ProducerRing| self.sn_tx_seq - u64::from(ring.pending());
+            if seq + RAW_FETCH_MARGIN >= fetched(&self.sn_tx) {
+                let _ = self.sn_tx.refresh_tail(&self.regs);
+                if seq + RAW_FETCH_MARGIN >= fetched(&self.sn_tx) {
+                    return Err(busy);
+                }
+            }
+        }
+        let (addr, out) = self.raw_slots.take().ok_or(busy)?;
+        out[..frame.len()].copy_from_slice(frame);
+        let desc = SimpleNicTx {
+            addr,
+            len: frame.len() as u32,
+        }
+        .encode();
+        self.sn_tx
+            .push_batch(&self.regs, &[desc])
+            .map_err(|_| busy)?;
+        self.raw_seq[slot] = Some(self.sn_tx_seq);
+        self.sn_tx_seq += 1;
+        self.stats.raw_sent += 1;
+        Ok(())
     }
 
     fn local_qp(&mut self, qpn: Qpn) -> Option<usize> {
@@ -2251,18 +2398,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
             psn: base.get(),
             verdict,
         };
-        let buf = self.ack_buf.as_mut()?;
-        let slot = self.ack_next;
-        self.ack_next = (self.ack_next + 1) % ACK_SLOTS;
-        let base = buf.device_addr().0;
-        let out = buf
-            .as_mut_slice()
-            .get_mut(slot * ACK_SLOT..(slot + 1) * ACK_SLOT)?;
+        let (addr, out) = self.ack_slots.take()?;
         let len = frame.emit(out).ok()?;
         self.stats.acks_sent += 1;
         Some(
             SimpleNicTx {
-                addr: DeviceAddr(base + (slot * ACK_SLOT) as u64),
+                addr,
                 len: len as u32,
             }
             .encode(),
@@ -2274,14 +2415,21 @@ impl<P: Platform, S: Storage> Device<P, S> {
             // ACKs are cumulative: a lost one is repaired by the next, or by the
             // requester's retransmission.
             core_warn!("simple-NIC ring full: {} ACK frames not sent", descs.len());
+            return;
         }
+        self.sn_tx_seq += descs.len() as u64;
     }
 
     /// Releases the device's DMA buffers. Rings stop being used.
     pub fn close(mut self) -> (P::Regs, P::Dma, P::Mem, S) {
-        for b in [self.rx_buf.take(), self.staging.take(), self.ack_buf.take()]
-            .into_iter()
-            .flatten()
+        for b in [
+            self.rx_buf.take(),
+            self.staging.take(),
+            self.ack_slots.buf.take(),
+            self.raw_slots.buf.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             dma_free(&self.dma, b);
         }

@@ -25,6 +25,7 @@ pub mod opcode;
 pub mod packet;
 pub mod reth;
 pub mod rreth;
+pub mod ud;
 pub mod udp;
 
 pub use ack::{AckKind, AckVerdict, DriverAckFrame, ReceivedAck};
@@ -39,6 +40,7 @@ pub use opcode::RdmaOpcode;
 pub use packet::{ExtHeaders, FrameEnvelope, PacketHeaders, RocePacket, WireProfile};
 pub use reth::Reth;
 pub use rreth::Rreth;
+pub use ud::{Deth, UdFrame};
 pub use udp::UdpHeader;
 
 /// A fixed-size wire header: parsed from and emitted into byte slices.
@@ -81,6 +83,8 @@ pub enum HeaderKind {
     Aeth,
     /// NAK retry header (4 bytes).
     Nreth,
+    /// Datagram extended transport header (8 bytes).
+    Deth,
     /// The fixed 54-byte RDMA header area (BTH plus the zero-filled extension area).
     RdmaHeaderArea,
     /// The `raddr mod 4` filler bytes and the payload after the header area.
@@ -103,6 +107,7 @@ impl HeaderKind {
             HeaderKind::Ieth => "IETH",
             HeaderKind::Aeth => "AETH",
             HeaderKind::Nreth => "NRETH",
+            HeaderKind::Deth => "DETH",
             HeaderKind::RdmaHeaderArea => "RDMA header area",
             HeaderKind::Payload => "payload",
             HeaderKind::Frame => "frame",
@@ -261,6 +266,18 @@ pub enum WireError {
         /// The opcode found.
         opcode: RdmaOpcode,
     },
+    /// The UDP destination port is not the driver's UD port ([`ud::UD_UDP_PORT`]).
+    NotUd {
+        /// The port found.
+        dst_port: u16,
+    },
+    /// The ICRC trailer does not match the packet.
+    BadIcrc {
+        /// The ICRC in the frame.
+        found: u32,
+        /// The ICRC the packet's bytes call for.
+        computed: u32,
+    },
 }
 
 impl fmt::Display for WireError {
@@ -338,6 +355,14 @@ impl fmt::Display for WireError {
             }
             WireError::NotAck { opcode } => {
                 write!(f, "expected an ACK/NAK frame, found opcode {opcode:?}")
+            }
+            WireError::NotUd { dst_port } => write!(
+                f,
+                "UDP destination port {dst_port} is not the UD port ({})",
+                ud::UD_UDP_PORT
+            ),
+            WireError::BadIcrc { found, computed } => {
+                write!(f, "bad ICRC {found:#010x}, computed {computed:#010x}")
             }
         }
     }

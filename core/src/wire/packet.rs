@@ -404,7 +404,7 @@ impl PacketHeaders {
 }
 
 /// Emits `h` at `pos` of `area`.
-fn emit_at<H: Header>(h: &H, area: &mut [u8], pos: usize) -> Result<usize, WireError> {
+pub(super) fn emit_at<H: Header>(h: &H, area: &mut [u8], pos: usize) -> Result<usize, WireError> {
     let available = area.len().saturating_sub(pos);
     let dst = area.get_mut(pos..).ok_or(WireError::BufferTooSmall {
         header: H::KIND,
@@ -459,62 +459,50 @@ impl FrameEnvelope {
             udp_src_port,
         }
     }
-}
 
-/// A RoCE frame: envelope and RDMA headers (the payload stays where it is).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RocePacket {
-    /// MACs, IPs, traffic class and UDP source port.
-    pub envelope: FrameEnvelope,
-    /// BTH and extension headers.
-    pub headers: PacketHeaders,
-}
-
-impl RocePacket {
-    /// The frame length with `payload_len` payload bytes.
-    pub fn frame_len(&self, payload_len: usize) -> usize {
-        RDMA_HEADER_AREA_OFFSET + self.headers.udp_payload_len(payload_len)
-    }
-
-    /// Writes the whole frame into `out`; returns its length. Headers, payload and
-    /// lengths are checked first (see the module doc).
-    pub fn emit_frame(&self, payload: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
-        let available = out.len();
-        let too_small = WireError::BufferTooSmall {
-            header: HeaderKind::Frame,
-            needed: self.frame_len(payload.len()),
-            available,
-        };
-        let udp_payload = out.get_mut(RDMA_HEADER_AREA_OFFSET..).ok_or(too_small)?;
-        let udp_payload_len = match self.headers.emit_udp_payload(payload, udp_payload) {
-            Err(WireError::BufferTooSmall { .. }) => return Err(too_small),
-            other => other?,
-        };
-        // Cannot overflow: emit_udp_payload bounds the payload by MAX_PAYLOAD_LEN.
-        let udp_len = (UDP_HEADER_LEN + udp_payload_len) as u16;
-        let e = &self.envelope;
+    /// Writes the Ethernet, IPv4 and UDP headers for a UDP payload of `udp_payload_len`
+    /// bytes to UDP port `dst_port`; returns their length (the payload starts there).
+    pub fn emit(
+        &self,
+        dst_port: u16,
+        udp_payload_len: u16,
+        out: &mut [u8],
+    ) -> Result<usize, WireError> {
+        let udp_len = (UDP_HEADER_LEN as u16)
+            .checked_add(udp_payload_len)
+            .filter(|l| l.checked_add(IPV4_HEADER_LEN as u16).is_some())
+            .ok_or(WireError::FieldOutOfRange {
+                field: "udp.length",
+                value: udp_payload_len.into(),
+                max: (u16::MAX as usize - UDP_HEADER_LEN - IPV4_HEADER_LEN) as u64,
+            })?;
         let eth = EthernetHeader {
-            dst: e.dst_mac,
-            src: e.src_mac,
+            dst: self.dst_mac,
+            src: self.src_mac,
             ethertype: EtherType::Ipv4,
         };
-        let mut ip = Ipv4Header::roce(e.src_ip, e.dst_ip, e.ecn, IPV4_HEADER_LEN as u16 + udp_len);
-        ip.dscp = e.dscp;
+        let mut ip = Ipv4Header::roce(
+            self.src_ip,
+            self.dst_ip,
+            self.ecn,
+            IPV4_HEADER_LEN as u16 + udp_len,
+        );
+        ip.dscp = self.dscp;
         let udp = UdpHeader {
-            src_port: e.udp_src_port,
-            dst_port: ROCE_V2_UDP_PORT,
+            src_port: self.udp_src_port,
+            dst_port,
             length: udp_len,
         };
         let mut pos = eth.emit(out)?;
         pos += emit_at(&ip, out, pos)?;
         pos += emit_at(&udp, out, pos)?;
-        Ok(pos + udp_payload_len)
+        Ok(pos)
     }
 
-    /// Reads a frame; returns the packet and the range of its payload in `frame`
-    /// (empty, at the end, when it has none). Checks that the IPv4 total length, the UDP
-    /// length and the frame length agree, and that the frame is RoCE v2.
-    pub fn parse_frame(frame: &[u8]) -> Result<(Self, Range<usize>), WireError> {
+    /// Reads the Ethernet, IPv4 and UDP headers of a frame; returns the envelope, the UDP
+    /// destination port and the UDP payload. Checks that the frame is IPv4/UDP, not a
+    /// fragment, and that the IPv4 total length, the UDP length and the frame length agree.
+    pub fn parse(frame: &[u8]) -> Result<(Self, u16, &[u8]), WireError> {
         let (eth, after_eth) = EthernetHeader::parse(frame)?;
         if eth.ethertype != EtherType::Ipv4 {
             return Err(WireError::NotIpv4 {
@@ -548,12 +536,6 @@ impl RocePacket {
                 expected: ip_payload.len(),
             });
         }
-        if udp.dst_port != ROCE_V2_UDP_PORT {
-            return Err(WireError::NotRoce {
-                dst_port: udp.dst_port,
-            });
-        }
-        let (headers, range) = PacketHeaders::parse_udp_payload(udp_payload)?;
         let envelope = FrameEnvelope {
             dst_mac: eth.dst,
             src_mac: eth.src,
@@ -563,11 +545,61 @@ impl RocePacket {
             ecn: ip.ecn,
             udp_src_port: udp.src_port,
         };
+        Ok((envelope, udp.dst_port, udp_payload))
+    }
+}
+
+/// A RoCE frame: envelope and RDMA headers (the payload stays where it is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RocePacket {
+    /// MACs, IPs, traffic class and UDP source port.
+    pub envelope: FrameEnvelope,
+    /// BTH and extension headers.
+    pub headers: PacketHeaders,
+}
+
+impl RocePacket {
+    /// The frame length with `payload_len` payload bytes.
+    pub fn frame_len(&self, payload_len: usize) -> usize {
+        RDMA_HEADER_AREA_OFFSET + self.headers.udp_payload_len(payload_len)
+    }
+
+    /// Writes the whole frame into `out`; returns its length. Headers, payload and
+    /// lengths are checked first (see the module doc).
+    pub fn emit_frame(&self, payload: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
+        let available = out.len();
+        let too_small = WireError::BufferTooSmall {
+            header: HeaderKind::Frame,
+            needed: self.frame_len(payload.len()),
+            available,
+        };
+        let udp_payload = out.get_mut(RDMA_HEADER_AREA_OFFSET..).ok_or(too_small)?;
+        let udp_payload_len = match self.headers.emit_udp_payload(payload, udp_payload) {
+            Err(WireError::BufferTooSmall { .. }) => return Err(too_small),
+            other => other?,
+        };
+        // Cannot overflow: emit_udp_payload bounds the payload by MAX_PAYLOAD_LEN.
+        let pos = self
+            .envelope
+            .emit(ROCE_V2_UDP_PORT, udp_payload_len as u16, out)?;
+        Ok(pos + udp_payload_len)
+    }
+
+    /// Reads a frame; returns the packet and the range of its payload in `frame`
+    /// (empty, at the end, when it has none). Checks that the IPv4 total length, the UDP
+    /// length and the frame length agree, and that the frame is RoCE v2.
+    pub fn parse_frame(frame: &[u8]) -> Result<(Self, Range<usize>), WireError> {
+        let (envelope, udp_dst_port, udp_payload) = FrameEnvelope::parse(frame)?;
+        if udp_dst_port != ROCE_V2_UDP_PORT {
+            return Err(WireError::NotRoce {
+                dst_port: udp_dst_port,
+            });
+        }
+        let (headers, range) = PacketHeaders::parse_udp_payload(udp_payload)?;
         let range = range.start + RDMA_HEADER_AREA_OFFSET..range.end + RDMA_HEADER_AREA_OFFSET;
         Ok((RocePacket { envelope, headers }, range))
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -203,6 +203,27 @@ pub struct IbvQpAttr {
     pub _pad2: u32,
 }
 
+/// `struct ibv_ah` (24 bytes).
+#[repr(C)]
+pub struct IbvAh {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+    pub _pad: u32,
+}
+
+/// `struct ibv_grh` (40 bytes; the area before a UD receive's payload).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IbvGrh {
+    pub version_tclass_flow: u32,
+    pub paylen: u16,
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub sgid: [u8; 16],
+    pub dgid: [u8; 16],
+}
+
 /// `struct ibv_sge` (16 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -597,6 +618,8 @@ check!(
     ndev_ifindex = 28
 );
 check!(IbvAsyncEvent, 16, element = 0, event_type = 8);
+check!(IbvAh, 24, context = 0, pd = 8, handle = 16);
+check!(IbvGrh, 40, paylen = 4, sgid = 8, dgid = 24);
 
 // Enum values (verbs.h).
 pub const IBV_NODE_CA: c_int = 1;
@@ -606,6 +629,7 @@ pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 pub const IBV_MTU_1024: u32 = 3;
 pub const IBV_MTU_4096: u32 = 5;
 pub const IBV_QPT_RC: u32 = 2;
+pub const IBV_QPT_UD: u32 = 4;
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 /// `ibv_gid_type_sysfs` (the private `ibv_query_gid_type`): RoCE v2.
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;

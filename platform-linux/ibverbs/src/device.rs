@@ -358,6 +358,13 @@ pub unsafe extern "C" fn bv_ibv_close_device(ctx: *mut IbvContext) -> c_int {
     if let Some(e) = c.engine.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         log::info!("bluerdma{} closed: {:?}", c.dev.index, e.stats());
         log::info!("bluerdma{} card: {}", c.dev.index, e.card_stats());
+        if let Some([malformed, no_qp, qkey, no_buffer]) = crate::ud::drops(e) {
+            log::info!(
+                "bluerdma{} UD datagrams dropped: {malformed} malformed, {no_qp} for no ready \
+                 QP, {qkey} for a wrong Q_Key, {no_buffer} for no receive buffer",
+                c.dev.index
+            );
+        }
     }
     for fd in c.async_pipe {
         // SAFETY: our pipe's descriptors.
@@ -404,7 +411,7 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         max_mcast_grp: 0,
         max_mcast_qp_attach: 0,
         max_total_mcast_qp_attach: 0,
-        max_ah: 0,
+        max_ah: crate::ud::MAX_AH,
         max_fmr: 0,
         max_map_per_fmr: 0,
         max_srq: cap.qps as c_int,
@@ -517,7 +524,7 @@ unsafe extern "C" fn ext_query_port(
 
 /// GID table: indexes 0 and 3 (the one NCCL picks on RoCE v2 / IPv4 hosts) hold the
 /// device's IPv4-mapped address; 1 and 2 are empty.
-const GID_TABLE_LEN: u32 = 4;
+pub(crate) const GID_TABLE_LEN: u32 = 4;
 
 fn gid_at(d: &Device, index: c_int) -> Option<[u8; 16]> {
     matches!(index, 0 | 3).then(|| d.gid())

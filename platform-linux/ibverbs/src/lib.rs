@@ -10,9 +10,10 @@
 //! - The port is RoCE: Ethernet link layer, ACTIVE, LID 0, GID 0 and 3 are the device's
 //!   IPv4-mapped address (RoCE v2). Connect QPs with a GID (`ibv_rc_pingpong -g 0`).
 //! - RC QPs with one SGE per work request: RDMA WRITE (with immediate), READ, SEND (with
-//!   immediate); completion channels. Everything else the installed libibverbs exports is
-//!   present (programs and provider libraries are BIND_NOW) and fails with EOPNOTSUPP and a
-//!   log line when called.
+//!   immediate); completion channels; shared receive queues; UD QPs and address handles
+//!   (`ud.rs`: datagrams of up to 1978 bytes through the simple NIC). Everything else the
+//!   installed libibverbs exports is present (programs and provider libraries are
+//!   BIND_NOW) and fails with EOPNOTSUPP and a log line when called.
 //! - `BLUERDMA_LOG=error|warn|info|debug` sets what is printed on stderr (default warn).
 //!
 //! The exported names and version nodes come from the installed libibverbs at build time
@@ -28,6 +29,7 @@ mod objects;
 mod post;
 mod srq;
 mod stubs;
+mod ud;
 
 use core::ffi::c_int;
 

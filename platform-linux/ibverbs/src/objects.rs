@@ -19,7 +19,7 @@ use crate::device::{caps, Ctx};
 use crate::{fail, set_errno};
 
 /// Reports a failed object-creating verb: errno set, NULL returned.
-fn null<T>(errno: c_int) -> *mut T {
+pub(crate) fn null<T>(errno: c_int) -> *mut T {
     set_errno(errno);
     ptr::null_mut()
 }
@@ -29,9 +29,9 @@ fn null<T>(errno: c_int) -> *mut T {
 
 #[repr(C)]
 pub(crate) struct Pd {
-    ibv: IbvPd,
+    pub ibv: IbvPd,
     pub(crate) pd: VPd,
-    engine: Arc<Context>,
+    pub engine: Arc<Context>,
     /// The PD's MRs by key, for READ sinks (see [`Pd::read_sink_key`]).
     mrs: Mutex<HashMap<u32, MrEntry>>,
 }
@@ -40,6 +40,7 @@ pub(crate) struct Pd {
 struct MrEntry {
     addr: u64,
     len: usize,
+    local_write: bool,
     remote_write: bool,
     /// A second registration of the same bytes with REMOTE_WRITE, made on the first READ
     /// into a region that lacks it.
@@ -47,6 +48,19 @@ struct MrEntry {
 }
 
 impl Pd {
+    /// Whether `[addr, addr + len)` lies in the PD's MR of key `lkey` (with LOCAL_WRITE
+    /// when `write`): what a software transport checks before it touches an SGE's bytes.
+    pub fn covers(&self, lkey: u32, addr: u64, len: u32, write: bool) -> bool {
+        let mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        mrs.get(&lkey).is_some_and(|e| {
+            (e.local_write || !write)
+                && addr >= e.addr
+                && addr
+                    .checked_add(len.into())
+                    .is_some_and(|end| end <= e.addr + e.len as u64)
+        })
+    }
+
     /// The key a READ into the region of `lkey` must name as its sink.
     ///
     /// The card accepts READ response packets only into an MR with REMOTE_WRITE
@@ -114,12 +128,21 @@ pub unsafe extern "C" fn bv_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
-    if pd.is_null() {
-        return libc::EINVAL;
-    }
     // SAFETY: made by ibv_alloc_pd; the caller gives it up. The engine keeps the PD alive
     // while MRs and QPs made from it exist (they hold clones).
-    drop(unsafe { Box::from_raw(pd as *mut Pd) });
+    unsafe { free::<Pd, _>(pd) }
+}
+
+/// Frees an object a verb handed out as a box of `T` (EINVAL for NULL).
+///
+/// # Safety
+/// `p` is NULL or a `Box<T>` made by this library, which the caller gives up.
+pub(crate) unsafe fn free<T, I>(p: *mut I) -> c_int {
+    if p.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's contract.
+    drop(unsafe { Box::from_raw(p as *mut T) });
     0
 }
 
@@ -201,6 +224,7 @@ unsafe fn reg(
         MrEntry {
             addr: addr as u64,
             len,
+            local_write: access.contains(AccessFlags::LOCAL_WRITE),
             remote_write: access.contains(AccessFlags::REMOTE_WRITE),
             shadow: None,
         },
@@ -319,9 +343,9 @@ pub unsafe extern "C" fn bv_ibv_destroy_comp_channel(ch: *mut IbvCompChannel) ->
 }
 
 #[repr(C)]
-struct Cq {
+pub(crate) struct Cq {
     ibv: IbvCq,
-    cq: VCq,
+    pub cq: VCq,
     /// Events handed out by ibv_get_cq_event.
     events: AtomicU32,
     _engine: Arc<Context>,
@@ -473,7 +497,13 @@ fn wc_of(w: &WorkCompletion) -> IbvWc {
         wc_flags: w.wc_flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        // UD receives carry a GRH; sl bits 2..0 are then the RoCE L3 type, 2 = IPv4 (the
+        // mlx5 convention UCX reads).
+        sl: if w.wc_flags & crate::ud::WC_GRH != 0 {
+            2
+        } else {
+            0
+        },
         dlid_path_bits: 0,
         _pad: 0,
     }
@@ -579,6 +609,56 @@ impl Drop for Qp {
     }
 }
 
+/// The send and receive CQs a new QP names (both are required).
+///
+/// # Safety
+/// `a.send_cq` and `a.recv_cq` are NULL or CQs from ibv_create_cq.
+pub(crate) unsafe fn qp_cqs<'a>(a: &IbvQpInitAttr) -> Option<(&'a Cq, &'a Cq)> {
+    // SAFETY: the caller's contract.
+    let cqs = unsafe { (own::<Cq, _>(a.send_cq), own::<Cq, _>(a.recv_cq)) };
+    match cqs {
+        (Some(s), Some(r)) => Some((s, r)),
+        _ => {
+            log::error!("create_qp: a send and a receive CQ are required");
+            None
+        }
+    }
+}
+
+/// The `ibv_qp` of a new QP (in RESET) made on `pd` from `a`.
+pub(crate) fn new_ibv_qp(p: &Pd, pd: *mut IbvPd, a: &IbvQpInitAttr, qpn: u32) -> IbvQp {
+    IbvQp {
+        context: p.ibv.context,
+        qp_context: a.qp_context,
+        pd,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        handle: qpn,
+        qp_num: qpn,
+        state: QpState::Reset.to_ibv(),
+        qp_type: a.qp_type,
+        mutex: [0; 40],
+        cond: [0; 48],
+        events_completed: 0,
+        _pad: 0,
+    }
+}
+
+/// The creation attributes ibv_query_qp reports for a QP.
+pub(crate) fn init_attr_of(ibv: &IbvQp, cap: IbvQpCap, sq_sig_all: bool) -> IbvQpInitAttr {
+    IbvQpInitAttr {
+        qp_context: ibv.qp_context,
+        send_cq: ibv.send_cq,
+        recv_cq: ibv.recv_cq,
+        srq: ptr::null_mut(),
+        cap,
+        qp_type: ibv.qp_type,
+        sq_sig_all: sq_sig_all as c_int,
+        _pad: 0,
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
     // SAFETY: the caller passes a PD from ibv_alloc_pd.
@@ -587,9 +667,13 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
     };
     // SAFETY: the caller passes an initialised ibv_qp_init_attr.
     let a = unsafe { &mut *attr };
+    if a.qp_type == IBV_QPT_UD {
+        // SAFETY: `p` is `pd`; the CQs are the caller's.
+        return unsafe { crate::ud::create_qp(p, pd, a) };
+    }
     if a.qp_type != IBV_QPT_RC {
         log::error!(
-            "create_qp: QP type {} is not supported (RC only)",
+            "create_qp: QP type {} is not supported (RC and UD only)",
             a.qp_type
         );
         return null(libc::EOPNOTSUPP);
@@ -614,11 +698,8 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
         );
         return null(libc::EINVAL);
     }
-    // SAFETY: CQs from ibv_create_cq on this context.
-    let (Some(scq), Some(rcq)) = (unsafe { own::<Cq, _>(a.send_cq) }, unsafe {
-        own::<Cq, _>(a.recv_cq)
-    }) else {
-        log::error!("create_qp: a send and a receive CQ are required");
+    // SAFETY: CQs from ibv_create_cq on this context, or NULL.
+    let Some((scq, rcq)) = (unsafe { qp_cqs(a) }) else {
         return null(libc::EINVAL);
     };
     let qp = match p.pd.create_qp(&scq.cq, &rcq.cq) {
@@ -635,22 +716,7 @@ pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAt
     };
     a.cap = cap;
     let b = Box::new(Qp {
-        ibv: IbvQp {
-            context: p.ibv.context,
-            qp_context: a.qp_context,
-            pd,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            handle: qpn,
-            qp_num: qpn,
-            state: QpState::Reset.to_ibv(),
-            qp_type: IBV_QPT_RC,
-            mutex: [0; 40],
-            cond: [0; 48],
-            events_completed: 0,
-            _pad: 0,
-        },
+        ibv: new_ibv_qp(p, pd, a, qpn),
         qp,
         cap,
         sq_sig_all: a.sq_sig_all != 0,
@@ -676,6 +742,11 @@ pub unsafe extern "C" fn bv_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
+    // SAFETY: a live QP.
+    if unsafe { crate::ud::is_ud(qp) } {
+        // SAFETY: a UD QP the caller gives up.
+        return unsafe { crate::ud::destroy_qp(qp) };
+    }
     // SAFETY: made by ibv_create_qp; the caller gives it up.
     drop(unsafe { Box::from_raw(qp as *mut Qp) });
     0
@@ -694,6 +765,11 @@ pub unsafe extern "C" fn bv_ibv_modify_qp(
     // SAFETY: the caller passes an ibv_qp_attr.
     let a = unsafe { &*attr };
     let mask = QpAttrMask::from_bits_truncate(mask as u32);
+    // SAFETY: a live QP.
+    if unsafe { crate::ud::is_ud(qp) } {
+        // SAFETY: as above.
+        return unsafe { crate::ud::modify_qp(qp, a, mask) };
+    }
     if mask.contains(QpAttrMask::PORT) && a.port_num != 1 {
         log::error!(
             "modify_qp: port {} does not exist (the device has port 1)",
@@ -757,6 +833,11 @@ pub unsafe extern "C" fn bv_ibv_query_qp(
     init: *mut IbvQpInitAttr,
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
+    if unsafe { crate::ud::is_ud(qp) } && !attr.is_null() && !init.is_null() {
+        // SAFETY: as above; both structures are writable.
+        return unsafe { crate::ud::query_qp(qp, attr, init) };
+    }
+    // SAFETY: the caller passes a live QP.
     let (Some(q), false, false) = (
         (unsafe { own::<Qp, _>(qp) }),
         attr.is_null(),
@@ -809,16 +890,7 @@ pub unsafe extern "C" fn bv_ibv_query_qp(
     // SAFETY: the caller passes both structures.
     unsafe {
         attr.write(out);
-        init.write(IbvQpInitAttr {
-            qp_context: q.ibv.qp_context,
-            send_cq: q.ibv.send_cq,
-            recv_cq: q.ibv.recv_cq,
-            srq: ptr::null_mut(),
-            cap: q.cap,
-            qp_type: IBV_QPT_RC,
-            sq_sig_all: q.sq_sig_all as c_int,
-            _pad: 0,
-        });
+        init.write(init_attr_of(&q.ibv, q.cap, q.sq_sig_all));
     }
     0
 }
@@ -854,6 +926,11 @@ pub(crate) unsafe extern "C" fn op_post_recv(
     mut wr: *mut IbvRecvWr,
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
+    // SAFETY: the caller passes a live QP.
+    if unsafe { crate::ud::is_ud(qp) } {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::ud::post_recv(qp, wr, bad) };
+    }
     // SAFETY: the caller passes a live QP.
     let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
         return libc::EINVAL;

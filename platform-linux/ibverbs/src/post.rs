@@ -257,6 +257,11 @@ pub(crate) unsafe extern "C" fn op_post_send(
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
+    if unsafe { crate::ud::is_ud(qp) } {
+        // SAFETY: the caller's contract.
+        return unsafe { crate::ud::post_send(qp, wr, bad) };
+    }
+    // SAFETY: the caller passes a live QP.
     let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
         return libc::EINVAL;
     };

@@ -1,0 +1,138 @@
+//! Raw frames through the simple NIC, end to end on two emulated NICs: `Context::send_raw`
+//! on one side, `Context::set_raw_handler` on the other (the ring the card fills with every
+//! frame whose UDP destination port is not 4791, nic-behaviour.md 2.1 and 5.5). Without a
+//! handler the frames are drained and counted as dropped, so the card keeps receiving.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bluerdma_core::engine::VerbsError;
+use bluerdma_core::wire::ud::{Deth, UdFrame, DEFAULT_PKEY, UD_MAX_FRAME, UD_MAX_PAYLOAD};
+use bluerdma_core::wire::MacAddr;
+use bluerdma_linux::Context;
+use bluerdma_tests::{two_devices, IP0, IP1};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A UD frame from IP0 to IP1 with `len` payload bytes numbered from `seed`.
+fn frame(seed: u8, len: usize) -> Vec<u8> {
+    let f = UdFrame {
+        src_mac: MacAddr([2, 0, 127, 0, 0, 1]),
+        dst_mac: MacAddr::BROADCAST,
+        src_ip: IP0,
+        dst_ip: IP1,
+        udp_src_port: 0xC000,
+        pkey: DEFAULT_PKEY,
+        solicited: false,
+        dst_qpn: 0x80_0001,
+        psn: 0,
+        deth: Deth {
+            qkey: 0x1234,
+            src_qpn: 0x80_0002,
+        },
+        imm: None,
+    };
+    let mut out = vec![0u8; f.frame_len(len)];
+    let h = f.header_len();
+    for (i, b) in out[h..h + len].iter_mut().enumerate() {
+        *b = seed.wrapping_add(i as u8);
+    }
+    let n = f.emit(&mut out, len).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// Sends, retrying while every TX slot waits for the card.
+fn send(ctx: &Context, f: &[u8]) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match ctx.send_raw(f) {
+            Ok(()) => return,
+            Err(e) if matches!(e.kind, VerbsError::Busy { .. }) && Instant::now() < deadline => {
+                std::thread::yield_now()
+            }
+            Err(e) => panic!("send_raw: {e}"),
+        }
+    }
+}
+
+#[test]
+fn frames_reach_the_handler_whole_and_in_order() {
+    let (a, b) = two_devices();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    b.set_raw_handler(Some(Box::new(move |f: &[u8]| {
+        let _ = tx.send(f.to_vec());
+    })));
+    let mut sent = Vec::new();
+    for (i, len) in [0, 1, 1000, UD_MAX_PAYLOAD].into_iter().enumerate() {
+        sent.push(frame(i as u8, len));
+    }
+    for i in 0..300u32 {
+        sent.push(frame(i as u8, (i as usize * 7) % UD_MAX_PAYLOAD));
+    }
+    for f in &sent {
+        send(&a, f);
+    }
+    for (i, want) in sent.iter().enumerate() {
+        let got = rx
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("frame {i} of {} did not arrive", sent.len()));
+        assert!(
+            got == *want,
+            "frame {i}: got {} bytes {:02x?}, want {} bytes {:02x?}",
+            got.len(),
+            &got[..got.len().min(80)],
+            want.len(),
+            &want[..want.len().min(80)]
+        );
+    }
+    assert_eq!(frame(0, UD_MAX_PAYLOAD).len(), UD_MAX_FRAME - 4);
+    let s = b.stats();
+    assert_eq!(
+        (s.raw_frames, s.raw_dropped, s.raw_bad),
+        (sent.len() as u64, 0, 0)
+    );
+    assert_eq!(a.stats().raw_sent, sent.len() as u64);
+}
+
+#[test]
+fn oversized_and_empty_frames_are_refused() {
+    let (a, _b) = two_devices();
+    for len in [0, UD_MAX_FRAME + 1] {
+        let e = a.send_raw(&vec![0u8; len]).unwrap_err();
+        assert!(
+            matches!(e.kind, VerbsError::InvalidArgument { .. }),
+            "{len}: {e}"
+        );
+    }
+    a.send_raw(&[0u8; UD_MAX_FRAME]).unwrap();
+}
+
+#[test]
+fn without_a_handler_frames_are_dropped_and_counted() {
+    let (a, b) = two_devices();
+    for i in 0..20 {
+        send(&a, &frame(i, 100));
+    }
+    let deadline = Instant::now() + WAIT;
+    while b.stats().raw_dropped < 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let s = b.stats();
+    assert_eq!((s.raw_frames, s.raw_dropped), (20, 20));
+    // A handler set later sees the frames that come after it, not the dropped ones.
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    b.set_raw_handler(Some(Box::new(move |f: &[u8]| {
+        let _ = tx.send(f.to_vec());
+    })));
+    send(&a, &frame(99, 5));
+    assert_eq!(rx.recv_timeout(WAIT).unwrap(), frame(99, 5));
+    assert!(rx.try_recv().is_err());
+    b.set_raw_handler(None);
+    send(&a, &frame(1, 5));
+    let deadline = Instant::now() + WAIT;
+    while b.stats().raw_dropped < 21 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(b.stats().raw_dropped, 21);
+}
