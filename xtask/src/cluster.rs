@@ -60,6 +60,9 @@ const PACKAGES: [(&str, &str); 6] = [
 const MSG: usize = 1 << 20;
 /// The first TCP port of ucx_perftest's rendezvous (in node0's namespace).
 const UCX_PORT: u16 = 13400;
+/// UCX sizes UD datagrams from the port's MTU (4096, for RC); the stand-in's UD carries at
+/// most 1978 bytes (one 2048-byte simple-NIC slot), so UCX is told a smaller segment.
+const UD_SEG_SIZE: &str = "1024";
 /// Lines of a failed step's output that are printed.
 const TAIL: usize = 30;
 /// The veths' and bridge's MTU: the port's 4096 B path MTU in one UDP datagram.
@@ -458,7 +461,8 @@ impl Cluster {
             .env("LD_LIBRARY_PATH", &self.lib_dir)
             // Each node finds its device's address itself: the only non-loopback IPv4
             // address of its network namespace (the library's rule).
-            .env_remove("BLUERDMA_DEVICES");
+            .env_remove("BLUERDMA_DEVICES")
+            .env("UCX_UD_VERBS_SEG_SIZE", UD_SEG_SIZE);
         c
     }
 
@@ -845,6 +849,7 @@ impl StepCtx<'_> {
             ])
             .args(["-x", &format!("UCX_TLS={}", t.ucx_tls())])
             .args(["-x", "UCX_LOG_LEVEL=info"])
+            .args(["-x", &format!("UCX_UD_VERBS_SEG_SIZE={UD_SEG_SIZE}")])
             .arg(mpitest)
             .env_remove("LD_LIBRARY_PATH")
             .env_remove("BLUERDMA_DEVICES")
