@@ -26,8 +26,9 @@
 //! 4. Tears everything down (the [`Cluster`] guard's Drop, a watchdog process that does it
 //!    if xtask dies or is interrupted, and the removal of a crashed run's leftovers first).
 //!
-//! Not part of `cargo xtask ci`.
+//! `cargo xtask ci` runs it with 2 nodes as one row ([`ci_row`]; not with `--quick`).
 
+use super::Row;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -130,6 +131,67 @@ pub fn cluster(root: &Path, args: &[String]) -> Result<(), String> {
     let Some(opts) = Opts::parse(args)? else {
         return Ok(());
     };
+    let steps = run(root, &opts)?;
+    let failed: Vec<&str> = steps
+        .iter()
+        .filter(|s| !s.ok())
+        .map(|s| s.label.as_str())
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("cluster: failed: {}", failed.join(", ")))
+    }
+}
+
+/// The row of `cargo xtask ci`: the whole run on 2 nodes, one count per step.
+pub fn ci_row(root: &Path) -> Row {
+    println!("ci: cluster: UCX and Open MPI over the stand-in on 2 namespaced nodes");
+    let start = Instant::now();
+    let suite = "cluster (UCX + MPI, 2 nodes)".to_string();
+    let opts = Opts {
+        nodes: 2,
+        timeout: Duration::from_secs(120),
+    };
+    match run(root, &opts) {
+        Ok(steps) => {
+            let failed: Vec<&Step> = steps.iter().filter(|s| !s.ok()).collect();
+            let note = match failed.first() {
+                Some(f) => format!("{} failed (logs in target/xtask/cluster)", f.label),
+                None => headline(&steps),
+            };
+            Row {
+                suite,
+                passed: (steps.len() - failed.len()) as u64,
+                failed: failed.len() as u64,
+                time: start.elapsed(),
+                note,
+            }
+        }
+        Err(e) => {
+            eprintln!("ci: cluster: {e}");
+            Row {
+                suite,
+                passed: 0,
+                failed: 1,
+                time: start.elapsed(),
+                note: e,
+            }
+        }
+    }
+}
+
+/// The figures of the NIC's MPI step, for the ci table.
+fn headline(steps: &[Step]) -> String {
+    steps
+        .iter()
+        .find(|s| s.label == "MPI mpitest bluerdma0")
+        .map(|s| format!("MPI over rc_verbs/bluerdma0: {}", s.figure.text))
+        .unwrap_or_default()
+}
+
+/// Lays out the nodes, runs every step, tears down, prints the report; the steps' results.
+fn run(root: &Path, opts: &Opts) -> Result<Vec<Step>, String> {
     if !is_root() {
         return Err("cluster: needs root (namespaces, a bridge, mknod)".into());
     }
@@ -165,16 +227,7 @@ pub fn cluster(root: &Path, args: &[String]) -> Result<(), String> {
     }
     drop(cluster);
     print_report(&steps, opts.nodes, start, &dir);
-    let failed: Vec<&str> = steps
-        .iter()
-        .filter(|s| !s.ok())
-        .map(|s| s.label.as_str())
-        .collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("cluster: failed: {}", failed.join(", ")))
-    }
+    Ok(steps)
 }
 
 fn is_root() -> bool {

@@ -8,7 +8,7 @@
 //! - `cargo xtask perftest`: ibverbs-utils and perftest over the libibverbs.so.1 stand-in
 //!   on the emulated NIC, next to a TCP baseline (`perftest.rs`).
 //! - `cargo xtask cluster [N]`: UCX and Open MPI over the stand-in on N namespaced nodes
-//!   (`cluster.rs`); not part of `ci`.
+//!   (`cluster.rs`); `ci` runs it with 2 nodes.
 
 mod cluster;
 mod firmware;
@@ -230,6 +230,11 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         rows.extend(firmware::firmware_checks(root, &logs));
     }
     rows.push(perftest::ci_row(root, quick));
+    if quick {
+        println!("ci: --quick: skipping the cluster run");
+    } else {
+        rows.push(cluster::ci_row(root));
+    }
 
     print_table(&rows);
     let passed: u64 = rows.iter().map(|r| r.passed).sum();
