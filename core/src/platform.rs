@@ -9,7 +9,7 @@ use core::net::Ipv4Addr;
 use core::ptr::NonNull;
 
 use crate::addr::{DeviceAddr, PageSize, VirtAddr};
-use crate::oob::RecvWr;
+use crate::oob::{RecvTooShort, RecvWr};
 use crate::regs::Reg;
 
 /// What a platform operation can fail with. Small and `Copy` so it travels through the
@@ -187,6 +187,14 @@ pub enum OobEvent {
         /// The announced receive WR.
         wr: RecvWr,
     },
+    /// The driver at `from` found one of our announced receive WRs too short for its SEND:
+    /// the receive WR completes with a local length error and its QP goes to ERR.
+    RecvTooShort {
+        /// IP address of the requester's device (the connection's source).
+        from: Ipv4Addr,
+        /// Which receive WR, the SEND's length and the requester's QPN.
+        rec: RecvTooShort,
+    },
     /// The connection to `peer` broke; QPs that depend on it must go to the error state.
     PeerLost {
         /// The peer's IP address.
@@ -198,6 +206,11 @@ pub enum OobEvent {
 pub trait OobTransport {
     /// Queues `wr` for the device at `peer`. May return [`PlatformError::WouldBlock`].
     fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError>;
+    /// Queues `rec` (one of `peer`'s receive WRs was too short for a SEND) for the device at
+    /// `peer`, if that peer announced [`crate::oob::Capabilities::LENGTH_ERRORS`]; to a peer
+    /// without it nothing is sent (the transport counts it). May return
+    /// [`PlatformError::WouldBlock`].
+    fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError>;
     /// Takes the next event, if any. Never blocks.
     fn poll(&mut self) -> Option<OobEvent>;
 }
@@ -209,6 +222,13 @@ pub struct NoOob;
 
 impl OobTransport for NoOob {
     fn send(&mut self, _peer: Ipv4Addr, _wr: &RecvWr) -> Result<(), PlatformError> {
+        Err(PlatformError::Unsupported)
+    }
+    fn send_too_short(
+        &mut self,
+        _peer: Ipv4Addr,
+        _rec: &RecvTooShort,
+    ) -> Result<(), PlatformError> {
         Err(PlatformError::Unsupported)
     }
     fn poll(&mut self) -> Option<OobEvent> {

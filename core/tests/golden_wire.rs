@@ -8,7 +8,9 @@ use core::net::Ipv4Addr;
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
-use bluerdma_core::oob::{Capabilities, Hello, OobDecoder, OobError, OobMessage, RecvWr};
+use bluerdma_core::oob::{
+    Capabilities, Hello, OobDecoder, OobError, OobMessage, Record, RecvTooShort, RecvWr,
+};
 use bluerdma_core::wire::ipv4::ipv4_checksum;
 use bluerdma_core::wire::packet::udp_src_port_for;
 use bluerdma_core::wire::{
@@ -380,9 +382,15 @@ const RECV_WR_RECORD: &str = "
     01 02 03 04 05 06 07 08 | 00 00 7f 12 34 60 00 40 | 00 01 00 00 | 00 1f fe a6
     00 01 23 ab | 00 00 00 00";
 
-/// The hello: "BRDM", version 1, reserved 0, capabilities RECV_WR_RECORDS (bit 0), device
-/// IP 17.34.51.10.
-const HELLO: &str = "42 52 44 4d | 00 01 | 00 00 | 00 00 00 01 | 11 22 33 0a";
+/// The receive-WR-too-short record (kind 1): the receiver's wr_id, zero, the SEND length
+/// (101), zero, the requester's QPN, kind 1.
+const RECV_TOO_SHORT_RECORD: &str = "
+    01 02 03 04 05 06 07 08 | 00 00 00 00 00 00 00 00 | 00 00 00 65 | 00 00 00 00
+    00 01 23 ab | 00 00 00 01";
+
+/// The hello: "BRDM", version 1, reserved 0, capabilities RECV_WR_RECORDS (bit 0) and
+/// LENGTH_ERRORS (bit 1), device IP 17.34.51.10.
+const HELLO: &str = "42 52 44 4d | 00 01 | 00 00 | 00 00 00 03 | 11 22 33 0a";
 
 fn recv_wr() -> RecvWr {
     RecvWr {
@@ -401,11 +409,32 @@ fn recv_wr_record_vector() {
     assert_eq!(RecvWr::parse(&expected), Ok((recv_wr(), &[][..])));
 }
 
+fn recv_too_short() -> RecvTooShort {
+    RecvTooShort {
+        wr_id: 0x0102_0304_0506_0708,
+        send_len: 101,
+        qpn: 0x0123AB,
+    }
+}
+
+#[test]
+fn recv_too_short_record_vector() {
+    let expected = hex(RECV_TOO_SHORT_RECORD);
+    assert_eq!(recv_too_short().to_bytes().unwrap()[..], expected[..]);
+    assert_eq!(
+        Record::parse(&expected),
+        Ok((Record::RecvTooShort(recv_too_short()), &[][..]))
+    );
+}
+
 #[test]
 fn hello_vector() {
     let expected = hex(HELLO);
     let hello = Hello::new(IP_A);
-    assert_eq!(hello.capabilities, Capabilities::RECV_WR_RECORDS);
+    assert_eq!(
+        hello.capabilities,
+        Capabilities::RECV_WR_RECORDS | Capabilities::LENGTH_ERRORS
+    );
     assert_eq!(hello.to_bytes()[..], expected[..]);
     assert_eq!(Hello::parse(&expected), Ok((hello, &[][..])));
 }
@@ -414,6 +443,7 @@ fn hello_vector() {
 fn decoder_reads_the_literal_stream() {
     let mut stream = hex(HELLO);
     stream.extend(hex(RECV_WR_RECORD));
+    stream.extend(hex(RECV_TOO_SHORT_RECORD));
     stream.extend(hex(RECV_WR_RECORD));
     let mut dec = OobDecoder::new();
     let mut input = &stream[..];
@@ -424,6 +454,10 @@ fn decoder_reads_the_literal_stream() {
     assert_eq!(
         dec.decode(&mut input),
         Ok(Some(OobMessage::RecvWr(recv_wr())))
+    );
+    assert_eq!(
+        dec.decode(&mut input),
+        Ok(Some(OobMessage::RecvTooShort(recv_too_short())))
     );
     assert_eq!(
         dec.decode(&mut input),

@@ -6,7 +6,9 @@ use core::net::Ipv4Addr;
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
-use bluerdma_core::oob::{Capabilities, Hello, OobDecoder, OobMessage, RecvWr};
+use bluerdma_core::oob::{
+    Capabilities, Hello, OobDecoder, OobError, OobMessage, Record, RecvTooShort, RecvWr,
+};
 use bluerdma_core::wire::packet::WireProfile;
 use bluerdma_core::wire::{
     Aeth, Bth, Ecn, EtherType, EthernetHeader, FrameEnvelope, Header, Ieth, ImmDt, Ipv4Header,
@@ -204,6 +206,30 @@ fn recv_wr() -> impl Strategy<Value = RecvWr> {
         })
 }
 
+fn recv_too_short() -> impl Strategy<Value = RecvTooShort> {
+    (any::<u64>(), any::<u32>(), 0u32..=0x00FF_FFFF).prop_map(|(wr_id, send_len, qpn)| {
+        RecvTooShort {
+            wr_id,
+            send_len,
+            qpn,
+        }
+    })
+}
+
+fn record() -> impl Strategy<Value = Record> {
+    prop_oneof![
+        recv_wr().prop_map(Record::RecvWr),
+        recv_too_short().prop_map(Record::RecvTooShort),
+    ]
+}
+
+fn message_of(r: &Record) -> OobMessage {
+    match *r {
+        Record::RecvWr(wr) => OobMessage::RecvWr(wr),
+        Record::RecvTooShort(t) => OobMessage::RecvTooShort(t),
+    }
+}
+
 fn hello() -> impl Strategy<Value = Hello> {
     (any::<u32>(), ip()).prop_map(|(caps, device_ip)| Hello {
         capabilities: Capabilities::from_bits_retain(caps),
@@ -375,27 +401,67 @@ proptest! {
     }
 
     #[test]
-    fn oob_messages_round_trip(wr in recv_wr(), h in hello(), garbage in any::<[u8; 32]>()) {
+    fn oob_messages_round_trip(
+        wr in recv_wr(),
+        short in recv_too_short(),
+        h in hello(),
+        garbage in any::<[u8; 32]>(),
+    ) {
         let bytes = wr.to_bytes().unwrap();
         prop_assert_eq!(RecvWr::parse(&bytes), Ok((wr, &[][..])));
+        prop_assert_eq!(Record::parse(&bytes), Ok((Record::RecvWr(wr), &[][..])));
+        let bytes = short.to_bytes().unwrap();
+        prop_assert_eq!(RecvTooShort::parse(&bytes), Ok((short, &[][..])));
+        prop_assert_eq!(Record::parse(&bytes), Ok((Record::RecvTooShort(short), &[][..])));
         let hb = h.to_bytes();
         prop_assert_eq!(Hello::parse(&hb), Ok((h, &[][..])));
         let _ = RecvWr::parse(&garbage);
+        let _ = RecvTooShort::parse(&garbage);
         let _ = Hello::parse(&garbage);
+        // Whatever decodes encodes back to the same bytes (parse is exact, no field lost).
+        if let Ok((r, _)) = Record::parse(&garbage) {
+            prop_assert_eq!(r.to_bytes().unwrap(), garbage);
+        }
+    }
+
+    /// A record with any kind code: 0 and 1 decode (when their other fields are valid), any
+    /// other kind fails the decoder for good with UnknownRecordKind.
+    #[test]
+    fn oob_records_of_any_kind(
+        mut bytes in any::<[u8; 32]>(),
+        kind in prop_oneof![0u32..4, any::<u32>()],
+    ) {
+        bytes[24] = 0;
+        bytes[28..].copy_from_slice(&kind.to_be_bytes());
+        let mut dec = OobDecoder::without_hello();
+        let mut input = &bytes[..];
+        let got = dec.decode(&mut input);
+        match kind {
+            0 => prop_assert!(matches!(got, Ok(Some(OobMessage::RecvWr(_))))),
+            1 => {
+                let zero_fields_ok = bytes[8..16] == [0; 8] && bytes[20..24] == [0; 4];
+                let decoded = matches!(got, Ok(Some(OobMessage::RecvTooShort(_))));
+                prop_assert_eq!(decoded, zero_fields_ok);
+            }
+            _ => {
+                prop_assert_eq!(got, Err(OobError::UnknownRecordKind { kind }));
+                prop_assert_eq!(dec.finish(), Err(OobError::UnknownRecordKind { kind }));
+            }
+        }
     }
 
     #[test]
     fn any_split_of_a_stream_gives_the_same_messages(
         h in hello(),
-        wrs in proptest::collection::vec(recv_wr(), 0..8),
+        records in proptest::collection::vec(record(), 0..8),
         cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..12),
     ) {
         let mut stream = h.to_bytes().to_vec();
-        for wr in &wrs {
-            stream.extend_from_slice(&wr.to_bytes().unwrap());
+        for r in &records {
+            stream.extend_from_slice(&r.to_bytes().unwrap());
         }
         let mut expected = vec![OobMessage::Hello(h)];
-        expected.extend(wrs.iter().map(|wr| OobMessage::RecvWr(*wr)));
+        expected.extend(records.iter().map(message_of));
 
         let mut points: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
         points.push(0);

@@ -4,8 +4,11 @@
 //! A [`TcpOob`] belongs to one device IP. It listens on `device_ip:60000` ([`OOB_PORT`],
 //! configurable) and keeps **one TCP connection per peer IP**, shared by all QPs and used in
 //! both directions. Each connection starts with a [`Hello`] from each side (magic, version,
-//! capabilities, device IP), then carries 32-byte receive-WR records back to back
-//! ([`bluerdma_core::oob`] has the layout).
+//! capabilities, device IP), then carries 32-byte records back to back
+//! ([`bluerdma_core::oob`] has the layout): receive-WR records and, to a peer whose hello
+//! announces [`Capabilities::LENGTH_ERRORS`], receive-WR-too-short records. Such a record
+//! queued for a peer without the capability is dropped when it would be written (counted in
+//! [`TcpOobStats::records_withheld`]), so that peer sees only the compatible record.
 //!
 //! # Connections
 //! - Whichever side sends first dials. The dialer binds its own device IP before
@@ -58,8 +61,10 @@
 //!   platform's `Oob`.
 //! - `post_recv` on a QP that knows its peer's IP sends one record with the QP's own QPN.
 //!   `WouldBlock` means the peer's queue is full: keep the WR and try again after `poll`.
+//! - A SEND longer than the receive WR it was matched with sends one receive-WR-too-short
+//!   record (the requester's own QPN) with [`OobTransport::send_too_short`].
 //! - Each progress step drains `poll`. `RecvWr { from, wr }` goes to the QP whose peer QPN
-//!   is `wr.qpn` and whose peer IP is `from`. `PeerLost { peer }` moves the QPs whose peer
+//!   is `wr.qpn` and whose peer IP is `from`; so does `RecvTooShort { from, rec }`. `PeerLost { peer }` moves the QPs whose peer
 //!   IP is `peer` and that have a SEND waiting for a receive WR to the error state; the
 //!   others keep running until a SEND finds no receive WR. It also follows a failed dial,
 //!   so it can come for a peer that never had a connection.
@@ -76,7 +81,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use bluerdma_core::oob::{
-    Capabilities, Hello, OobDecoder, OobError, OobMessage, RecvWr, RECV_WR_LEN,
+    Capabilities, Hello, OobDecoder, OobError, OobMessage, Record, RecordKind, RecvTooShort,
+    RecvWr, RECV_WR_LEN,
 };
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
@@ -246,6 +252,8 @@ counters! {
     records_received,
     /// Records dropped from a send queue because their peer was lost.
     records_dropped,
+    /// Receive-WR-too-short records not sent because the peer's hello lacks LENGTH_ERRORS.
+    records_withheld,
     /// `send(2)` calls that wrote bytes (records per call shows the batching).
     write_calls,
     /// Bytes written to connections.
@@ -330,16 +338,14 @@ impl TcpOob {
     pub fn connected_peers(&self) -> Vec<Ipv4Addr> {
         self.shared.lock().connected.iter().copied().collect()
     }
-}
 
-impl OobTransport for TcpOob {
-    /// Queues `wr` for `peer` (dialing it if needed) and returns at once. Fails with
-    /// `WouldBlock` when `max_queued_per_peer` records already wait for `peer`, and with
-    /// `Disconnected` for an address no device can have. A failure later on the network is
-    /// reported by [`OobEvent::PeerLost`].
-    fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError> {
+    /// Appends `record` to `peer`'s send queue and wakes the I/O thread (or, for the
+    /// device's own IP, delivers it as an event at once).
+    fn queue(&mut self, peer: Ipv4Addr, record: &Record) -> Result<(), PlatformError> {
         let shared = &*self.shared;
-        let record = wr.to_bytes().map_err(|_| PlatformError::Os(libc::EINVAL))?;
+        let bytes = record
+            .to_bytes()
+            .map_err(|_| PlatformError::Os(libc::EINVAL))?;
         if peer.is_unspecified() || peer.is_broadcast() || peer.is_multicast() {
             return Err(PlatformError::Disconnected { peer });
         }
@@ -351,9 +357,9 @@ impl OobTransport for TcpOob {
                 Counters::add(&counters.would_block, 1);
                 return Err(PlatformError::WouldBlock);
             }
-            q.events.push_back(OobEvent::RecvWr {
-                from: peer,
-                wr: *wr,
+            q.events.push_back(match *record {
+                Record::RecvWr(wr) => OobEvent::RecvWr { from: peer, wr },
+                Record::RecvTooShort(rec) => OobEvent::RecvTooShort { from: peer, rec },
             });
             shared.events_len.store(q.events.len(), Ordering::SeqCst);
             Counters::add(&counters.records_sent, 1);
@@ -365,10 +371,27 @@ impl OobTransport for TcpOob {
             Counters::add(&counters.would_block, 1);
             return Err(PlatformError::WouldBlock);
         }
-        queue.extend_from_slice(&record);
+        queue.extend_from_slice(&bytes);
         drop(q);
         shared.waker.wake();
         Ok(())
+    }
+}
+
+impl OobTransport for TcpOob {
+    /// Queues `wr` for `peer` (dialing it if needed) and returns at once. Fails with
+    /// `WouldBlock` when `max_queued_per_peer` records already wait for `peer`, and with
+    /// `Disconnected` for an address no device can have. A failure later on the network is
+    /// reported by [`OobEvent::PeerLost`].
+    fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError> {
+        self.queue(peer, &Record::RecvWr(*wr))
+    }
+
+    /// Queues `rec` like [`TcpOob::send`] does a receive WR; it is written only if `peer`'s
+    /// hello announced [`Capabilities::LENGTH_ERRORS`] (else dropped and counted in
+    /// `records_withheld`).
+    fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError> {
+        self.queue(peer, &Record::RecvTooShort(*rec))
     }
 
     fn poll(&mut self) -> Option<OobEvent> {
@@ -591,6 +614,8 @@ struct Conn {
     dialed: bool,
     phase: Phase,
     decoder: OobDecoder,
+    /// The capabilities of the peer's hello (empty before it).
+    peer_caps: Capabilities,
     out: Vec<u8>,
     out_pos: usize,
 }
@@ -806,6 +831,10 @@ impl IoLoop {
                         if pending >= CONN_OUT_HIGH {
                             continue;
                         }
+                        if !conn.peer_caps.contains(Capabilities::LENGTH_ERRORS) {
+                            let withheld = withhold_too_short(queued);
+                            Counters::add(&self.shared.counters.records_withheld, withheld);
+                        }
                         let records = (queued.len() / RECV_WR_LEN) as u64;
                         if pending == 0 {
                             conn.out.clear();
@@ -857,6 +886,7 @@ impl IoLoop {
                         until: now + self.cfg.connect_timeout,
                     },
                     decoder: OobDecoder::new(),
+                    peer_caps: Capabilities::empty(),
                     out: Vec::new(),
                     out_pos: 0,
                 });
@@ -977,6 +1007,7 @@ impl IoLoop {
                 until: Instant::now() + self.cfg.hello_timeout,
             },
             decoder: OobDecoder::new(),
+            peer_caps: Capabilities::empty(),
             out: Vec::new(),
             out_pos: 0,
         });
@@ -1099,6 +1130,11 @@ impl IoLoop {
                     let from = conn.peer;
                     self.pending_events.push(OobEvent::RecvWr { from, wr });
                 }
+                Ok(Some(OobMessage::RecvTooShort(rec))) => {
+                    let from = conn.peer;
+                    self.pending_events
+                        .push(OobEvent::RecvTooShort { from, rec });
+                }
                 Ok(Some(OobMessage::Hello(hello))) => {
                     if !self.on_hello(token, hello) {
                         alive = false;
@@ -1170,6 +1206,9 @@ impl IoLoop {
             }
             self.conn_failed(token, &why, false);
             return false;
+        }
+        if let Some(conn) = self.conns.get_mut(&token) {
+            conn.peer_caps = hello.capabilities;
         }
         if dialed {
             self.open(token, peer);
@@ -1417,6 +1456,27 @@ impl IoLoop {
             );
         }
     }
+}
+
+/// Removes the receive-WR-too-short records from `queued` (whole 32-byte records, kept in
+/// order otherwise), for a peer that did not announce them; returns how many.
+fn withhold_too_short(queued: &mut Vec<u8>) -> u64 {
+    let too_short = (RecordKind::RecvTooShort as u32).to_be_bytes();
+    let is_too_short = |r: &[u8]| r.get(28..RECV_WR_LEN) == Some(&too_short[..]);
+    let n = queued
+        .chunks_exact(RECV_WR_LEN)
+        .filter(|r| is_too_short(r))
+        .count();
+    if n > 0 {
+        let kept: Vec<u8> = queued
+            .chunks_exact(RECV_WR_LEN)
+            .filter(|r| !is_too_short(r))
+            .flatten()
+            .copied()
+            .collect();
+        *queued = kept;
+    }
+    n as u64
 }
 
 /// `poll(2)` over `fds`, waiting at most `timeout` (rounded up to a millisecond).

@@ -1,12 +1,13 @@
-//! An in-process out-of-band channel: devices in one process exchange receive WRs through
-//! a shared hub, with the same semantics as the TCP channel (records in order per pair of
-//! devices, `from` = the announcing device's IP). For tests and single-process setups.
+//! An in-process out-of-band channel: devices in one process exchange receive WRs (and
+//! receive-WR-too-short records) through a shared hub, with the same semantics as the TCP
+//! channel (records in order per pair of devices, `from` = the sending device's IP; every
+//! endpoint has all of this driver's capabilities). For tests and single-process setups.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use bluerdma_core::oob::RecvWr;
+use bluerdma_core::oob::{RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 /// The shared hub.
@@ -48,8 +49,9 @@ pub struct HubOob {
     ip: Ipv4Addr,
 }
 
-impl OobTransport for HubOob {
-    fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError> {
+impl HubOob {
+    /// Appends `event` to `peer`'s inbox.
+    fn deliver(&self, peer: Ipv4Addr, event: OobEvent) -> Result<(), PlatformError> {
         let mut m = self
             .hub
             .inboxes
@@ -58,11 +60,20 @@ impl OobTransport for HubOob {
         let inbox = m
             .get_mut(&peer)
             .ok_or(PlatformError::Disconnected { peer })?;
-        inbox.push_back(OobEvent::RecvWr {
-            from: self.ip,
-            wr: *wr,
-        });
+        inbox.push_back(event);
         Ok(())
+    }
+}
+
+impl OobTransport for HubOob {
+    fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError> {
+        let from = self.ip;
+        self.deliver(peer, OobEvent::RecvWr { from, wr: *wr })
+    }
+
+    fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError> {
+        let from = self.ip;
+        self.deliver(peer, OobEvent::RecvTooShort { from, rec: *rec })
     }
 
     fn poll(&mut self) -> Option<OobEvent> {
@@ -77,6 +88,9 @@ pub struct DynOob(pub Box<dyn OobTransport + Send>);
 impl OobTransport for DynOob {
     fn send(&mut self, peer: Ipv4Addr, wr: &RecvWr) -> Result<(), PlatformError> {
         self.0.send(peer, wr)
+    }
+    fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError> {
+        self.0.send_too_short(peer, rec)
     }
     fn poll(&mut self) -> Option<OobEvent> {
         self.0.poll()

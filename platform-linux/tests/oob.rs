@@ -1,8 +1,9 @@
 //! The out-of-band TCP channel over real sockets on 127.0.0.x with test-chosen ports:
 //! records both ways in order over exactly one connection per IP pair, simultaneous first
 //! sends, a lost peer and its replacement, garbage on the port (bad magic, truncated record,
-//! another version, a spoofed hello, 1000 idle connections), bounded send queues, and a
-//! second instance on the same address in this and in another process.
+//! another version, a spoofed hello, 1000 idle connections, an unknown record kind), bounded
+//! send queues, receive-WR-too-short records only to peers that announce them, and a second
+//! instance on the same address in this and in another process.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -11,7 +12,9 @@ use std::sync::{Mutex, Once};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use bluerdma_core::oob::{Hello, RecvWr, HELLO_MAGIC, OOB_PROTOCOL_VERSION};
+use bluerdma_core::oob::{
+    Capabilities, Hello, RecvTooShort, RecvWr, HELLO_MAGIC, OOB_PROTOCOL_VERSION,
+};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 use bluerdma_linux::oob::{TcpOob, TcpOobConfig, TcpOobError, OOB_PORT};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -604,6 +607,79 @@ fn a_thousand_idle_connections_are_bounded_logged_and_dropped() {
     still_works(&mut a, &mut b, 60);
 }
 
+/// A hand-made peer at `from` whose hello announces `caps`, connected to `a` (A answers
+/// with its own hello, which announces LENGTH_ERRORS).
+fn raw_peer_with(a: &TcpOob, from: Ipv4Addr, caps: Capabilities) -> RawPeer {
+    let mut raw = RawPeer::connect(from, a.local_addr());
+    let hello = Hello {
+        capabilities: caps,
+        device_ip: from,
+    };
+    raw.send(&hello.to_bytes());
+    let mut reply = [0u8; 16];
+    raw.0.read_exact(&mut reply).unwrap();
+    let (theirs, _) = Hello::parse(&reply).unwrap();
+    assert_eq!(theirs.capabilities, Capabilities::OURS);
+    assert!(Capabilities::OURS.contains(Capabilities::LENGTH_ERRORS));
+    raw
+}
+
+#[test]
+fn too_short_records_go_only_to_peers_that_announce_them() {
+    capture_logs();
+    let mut a = TcpOob::bind(config(IP_A, 0)).unwrap();
+    let short = RecvTooShort {
+        wr_id: 0x99,
+        send_len: 101,
+        qpn: 0x2a,
+    };
+    // A peer of the compatible core (no LENGTH_ERRORS): the receive WR after the
+    // too-short record is the first thing it gets, and nothing follows.
+    let old = Ipv4Addr::new(127, 0, 0, 9);
+    let mut raw = raw_peer_with(&a, old, Capabilities::RECV_WR_RECORDS);
+    assert_eq!(a.send_too_short(old, &short), Ok(()));
+    send(&mut a, old, &record(1));
+    let mut got = [0u8; 32];
+    raw.0.read_exact(&mut got).unwrap();
+    assert_eq!(got, record(1).to_bytes().unwrap());
+    raw.0
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    assert!(raw.0.read(&mut got).is_err(), "nothing after the record");
+    let s = a.stats();
+    assert_eq!((s.records_withheld, s.records_sent), (1, 1), "{s}");
+
+    // A peer that announces it gets the record, and A takes one from it.
+    let new = Ipv4Addr::new(127, 0, 0, 10);
+    let mut raw = raw_peer_with(&a, new, Capabilities::OURS);
+    assert_eq!(a.send_too_short(new, &short), Ok(()));
+    raw.0.read_exact(&mut got).unwrap();
+    assert_eq!(got, short.to_bytes().unwrap());
+    raw.send(&short.to_bytes().unwrap());
+    assert_eq!(
+        next_event(&mut a, "the too-short record"),
+        OobEvent::RecvTooShort {
+            from: new,
+            rec: short
+        }
+    );
+    // A record of a kind nobody defined closes the connection with a clear error.
+    let mut unknown = short.to_bytes().unwrap();
+    unknown[31] = 9;
+    raw.send(&unknown);
+    assert_eq!(
+        next_event(&mut a, "PeerLost"),
+        OobEvent::PeerLost { peer: new }
+    );
+    let lines = logged(&[
+        &a.local_addr().to_string(),
+        "127.0.0.10",
+        "OOB record of unknown kind 0x9",
+    ]);
+    assert!(lines[0].starts_with("ERROR"), "{lines:?}");
+    assert_eq!(a.stats().protocol_errors, 1);
+}
+
 #[test]
 fn records_to_the_device_itself_are_delivered_without_tcp() {
     capture_logs();
@@ -614,6 +690,19 @@ fn records_to_the_device_itself_are_delivered_without_tcp() {
         Some(OobEvent::RecvWr {
             from: IP_A,
             wr: record(5)
+        })
+    );
+    let short = RecvTooShort {
+        wr_id: 5,
+        send_len: 6,
+        qpn: 7,
+    };
+    assert_eq!(a.send_too_short(IP_A, &short), Ok(()));
+    assert_eq!(
+        a.poll(),
+        Some(OobEvent::RecvTooShort {
+            from: IP_A,
+            rec: short
         })
     );
     assert_eq!(a.stats().dialed, 0);

@@ -216,6 +216,10 @@ fn rnr_retries_run_out_with_rnr_retry_exc_err() {
     drop(b);
 }
 
+/// A SEND longer than the receive WR it is matched with: the requester completes it with
+/// REM_INV_REQ_ERR and writes nothing; the receiver is told over the out-of-band channel and
+/// completes that receive WR with LOC_LEN_ERR, after the SEND that fitted, and its QP goes
+/// to ERR: the receive WRs behind it and any posted later are flushed.
 #[test]
 fn send_longer_than_the_receive_buffer_is_an_error() {
     let (a, b, _oob) = devices();
@@ -224,14 +228,39 @@ fn send_longer_than_the_receive_buffer_is_an_error() {
     let src = sa.pd.alloc_mr(8192, ALL).unwrap();
     let dst = sb.pd.alloc_mr(8192, ALL).unwrap();
     recv(&sb.qp, 1, &dst, 0, 100);
+    recv(&sb.qp, 2, &dst, 4096, 100);
+    recv(&sb.qp, 3, &dst, 4096, 4096);
+    send(&sa.qp, 6, SendOp::Send, &src, 0, 100).unwrap();
     send(&sa.qp, 7, SendOp::Send, &src, 0, 101).unwrap();
-    let w = sa.cq.wait(1, Duration::from_secs(5)).unwrap();
-    assert_eq!((w[0].wr_id, w[0].status), (7, WcStatus::RemInvReqErr));
+    let w = sa.cq.wait(2, Duration::from_secs(5)).unwrap();
+    let w: Vec<_> = w.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(w, [(6, WcStatus::Success), (7, WcStatus::RemInvReqErr)]);
+    assert_eq!(sa.qp.query().unwrap().state, QpState::Err);
     assert!(
-        dst.bytes().unwrap().iter().all(|x| *x == 0),
-        "nothing written"
+        dst.bytes().unwrap()[4096..].iter().all(|x| *x == 0),
+        "nothing of the long SEND written"
     );
-    drop(b);
+    let r = sb.cq.wait(3, Duration::from_secs(5)).unwrap();
+    let r: Vec<_> = r
+        .iter()
+        .map(|r| (r.wr_id, r.status, r.opcode, r.byte_len))
+        .collect();
+    assert_eq!(
+        r,
+        [
+            (1, WcStatus::Success, WcOpcode::Recv, 100),
+            (2, WcStatus::LocLenErr, WcOpcode::Recv, 0),
+            (3, WcStatus::WrFlushErr, WcOpcode::Recv, 0),
+        ]
+    );
+    assert_eq!(sb.qp.query().unwrap().state, QpState::Err);
+    recv(&sb.qp, 4, &dst, 0, 100);
+    let r = sb.cq.wait(1, Duration::from_secs(5)).unwrap();
+    assert_eq!((r[0].wr_id, r[0].status), (4, WcStatus::WrFlushErr));
+    assert_eq!(
+        (a.stats().sends_too_long, b.stats().recvs_too_short),
+        (1, 1)
+    );
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! order with many SENDs in flight per QP. The long run and the many-in-flight test guard
 //! against receive completions lost while their PSN was acknowledged (the engine now never
 //! acknowledges a PSN that ends a message before that message's completion is recorded).
+//! A SEND longer than its receive WR fails on both sides (REM_INV_REQ_ERR, LOC_LEN_ERR)
+//! through the receive-WR-too-short record.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -12,9 +14,12 @@ use std::time::Duration;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
 use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus};
+use bluerdma_core::keys::MrKey;
+use bluerdma_core::qp::QpState;
 use bluerdma_linux::oob::{TcpOob, TcpOobConfig};
 use bluerdma_linux::{Context, DeviceSpec};
 use bluerdma_sim::link::{UdpLink, UdpLinkConfig};
+use bluerdma_tests::{assert_untouched, connect_pair, raw_wr};
 
 const IP0: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const IP1: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -306,4 +311,66 @@ fn many_sends_in_flight_consume_receive_wrs_in_posting_order() {
             "QP {k}: message {m} is not in the buffer of receive WR {m}"
         );
     }
+}
+
+/// Over TCP, the receiver learns that its receive WR was too short for the SEND (the
+/// receive-WR-too-short record, both hellos announce LENGTH_ERRORS): LOC_LEN_ERR for that
+/// WR, its QP in ERR, the WR behind it and a later one flushed.
+#[test]
+fn a_send_longer_than_its_receive_wr_fails_both_sides() {
+    let base = 10_000 + (std::process::id() % 10_000) as u16;
+    let a = open("blue0", IP0, base, base + 1);
+    let b = open("blue1", IP1, base, base + 1);
+    let (sa, sb) = connect_pair(&a, &b, (9, 5), 16, 7);
+    let src = sa.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = sb.pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let post = |wr_id, len| {
+        let r = RecvWr {
+            wr_id,
+            addr: VirtAddr(dst.addr()),
+            len,
+            lkey: dst.key(),
+        };
+        // SAFETY: the MR outlives the completions.
+        unsafe { sb.qp.post_recv(&[r]).unwrap() };
+    };
+    post(0x51, 64);
+    post(0x52, 4096);
+    let no_remote = (0, MrKey::from_raw(0));
+    let w = raw_wr(
+        0x61,
+        SendOp::SendWithImm(3),
+        (src.addr(), src.key()),
+        65,
+        no_remote,
+    );
+    // SAFETY: as above.
+    unsafe { sa.qp.post_send(&[w]).unwrap() };
+    let sent = sa.cq.wait(1, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (sent[0].wr_id, sent[0].status),
+        (0x61, WcStatus::RemInvReqErr)
+    );
+    let got = sb.cq.wait(2, Duration::from_secs(10)).unwrap();
+    let got: Vec<_> = got
+        .iter()
+        .map(|r| (r.wr_id, r.status, r.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0x51, WcStatus::LocLenErr, 0),
+            (0x52, WcStatus::WrFlushErr, 0)
+        ],
+        "{}",
+        b.dump()
+    );
+    assert_eq!(sb.qp.query().unwrap().state, QpState::Err);
+    post(0x53, 64);
+    let late = sb.cq.wait(1, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (late[0].wr_id, late[0].status),
+        (0x53, WcStatus::WrFlushErr)
+    );
+    assert_untouched("the receive buffer", dst.bytes().unwrap());
 }

@@ -17,7 +17,7 @@ use crate::desc::send::{SendFlags, SendRequest, SendSeg0, SendSeg1, WorkReqOpcod
 use crate::desc::simple_nic::{SimpleNicRx, SimpleNicTx, RX_BUFFER_SIZE, RX_SLOTS, RX_SLOT_SIZE};
 use crate::desc::{AccessFlags, MacAddr, RawDesc};
 use crate::keys::{MrKey, Qpn, MR_TABLE_LEN, PGT_LEN};
-use crate::oob::RecvWr as OobRecvWr;
+use crate::oob::{RecvTooShort, RecvWr as OobRecvWr};
 use crate::platform::{DmaAllocator, DmaBuffer, MemoryResolver, OobEvent, OobTransport, Platform};
 use crate::qp::{check_modify, QpAccessFlags, QpAttr, QpAttrMask, QpState, QpType, RawQpAttr};
 use crate::regs::{RingId, DECODED_CHANNELS};
@@ -195,6 +195,12 @@ pub struct EngineStats {
     /// QPs whose peer's out-of-band connection broke (those with a SEND waiting for a
     /// receive WR went to ERR).
     pub peers_lost: u64,
+    /// SENDs longer than the peer's receive WR (REM_INV_REQ_ERR here); the peer was told
+    /// over the out-of-band channel if it takes receive-WR-too-short records.
+    pub sends_too_long: u64,
+    /// Receive WRs a peer found too short for its SEND: completed with LOC_LEN_ERR, their
+    /// QP moved to ERR.
+    pub recvs_too_short: u64,
 }
 
 /// A QP's handle: its QPN.
@@ -1191,7 +1197,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     },
                 )
             })?;
-            q.to_announce += 1;
+            if q.state == QpState::Err {
+                // IB: a receive WR posted to a QP in the error state is flushed.
+                self.fail_recv(i, WcStatus::WrFlushErr);
+            } else {
+                q.to_announce += 1;
+            }
         }
         self.announce_recvs(i);
         Ok(())
@@ -1270,6 +1281,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                         }
                     }
                 }
+                OobEvent::RecvTooShort { from, rec } => self.on_recv_too_short(from, rec),
                 OobEvent::PeerLost { peer } => {
                     // Only what needs the channel fails: a QP with a SEND waiting for the
                     // peer's receive WR goes to ERR (its WRs flushed). Others keep running,
@@ -1308,18 +1320,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
         any
     }
 
+    /// The connected QP (RTR or later) whose peer is QP `peer_qpn` at `from`: where the
+    /// out-of-band records of that peer QP go.
+    fn peer_qp(&mut self, from: Ipv4Addr, peer_qpn: u32) -> Option<usize> {
+        self.storage.slices().qps.iter().position(|q| {
+            q.in_use
+                && q.dest_qpn.get() == peer_qpn
+                && q.peer_ip == from
+                && matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+        })
+    }
+
     /// Hands an announced receive WR to its QP; false if no connected QP matches.
     fn deliver_remote_recv(&mut self, from: Ipv4Addr, wr: OobRecvWr, now: Instant) -> bool {
-        let i = {
-            let s = self.storage.slices();
-            s.qps.iter().position(|q| {
-                q.in_use
-                    && q.dest_qpn.get() == wr.qpn
-                    && q.peer_ip == from
-                    && matches!(q.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
-            })
-        };
-        let Some(i) = i else {
+        let Some(i) = self.peer_qp(from, wr.qpn) else {
             return false;
         };
         let q = &mut self.storage.slices().qps[i];
@@ -1335,6 +1349,61 @@ impl<P: Platform, S: Storage> Device<P, S> {
         q.rnr_deadline = None;
         self.transmit(i, now);
         true
+    }
+
+    /// The peer at `from` found the receive WR `rec.wr_id` too short for a SEND of
+    /// `rec.send_len` bytes (it completed the SEND with REM_INV_REQ_ERR and wrote nothing):
+    /// the messages that arrived before it complete first, then that receive WR with
+    /// LOC_LEN_ERR, and the QP goes to ERR with the rest flushed (oob-channel.md).
+    fn on_recv_too_short(&mut self, from: Ipv4Addr, rec: RecvTooShort) {
+        self.stats.recvs_too_short += 1;
+        let Some(i) = self.peer_qp(from, rec.qpn) else {
+            core_error!(
+                "{} found receive WR {:#x} too short for its {}-byte SEND, but no connected QP has peer QP {:#x} there",
+                from,
+                rec.wr_id,
+                rec.send_len,
+                rec.qpn
+            );
+            return;
+        };
+        // The requester tells only when the SEND is its oldest request: the SENDs before it
+        // were acknowledged, so their completions come first.
+        self.deliver_ready(i);
+        let (qpn, head) = {
+            let q = &self.storage.slices().qps[i];
+            (q.qpn.get(), q.recvs.front().map(|r| r.wr_id))
+        };
+        match head {
+            Some(head) if head == rec.wr_id => {}
+            Some(head) => core_error!(
+                "QP {:#x}: {} found receive WR {:#x} too short for a {}-byte SEND, but the oldest receive WR is {:#x}; completing {:#x} with LOC_LEN_ERR",
+                qpn,
+                from,
+                rec.wr_id,
+                rec.send_len,
+                head,
+                head
+            ),
+            None => core_error!(
+                "QP {:#x}: {} found receive WR {:#x} too short for a {}-byte SEND, but no receive WR is posted",
+                qpn,
+                from,
+                rec.wr_id,
+                rec.send_len
+            ),
+        }
+        core_warn!(
+            "QP {:#x}: a {}-byte SEND from {} did not fit receive WR {:#x}: LOC_LEN_ERR, QP to ERR",
+            qpn,
+            rec.send_len,
+            from,
+            rec.wr_id
+        );
+        self.fail_recv(i, WcStatus::LocLenErr);
+        let q = &mut self.storage.slices().qps[i];
+        q.state = QpState::Err;
+        self.flush_qp(i);
     }
 
     /// After QP `i` reached RTR: announce its receive WRs and take the peer's that came
@@ -1410,10 +1479,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     matches!(w.op, Some(WorkReqOpcode::Send | WorkReqOpcode::SendWithImm));
                 if is_send && w.len > r.length {
                     // Too long for the receive buffer: only once it is the oldest request,
-                    // so the error completes the right WR.
+                    // so the error completes the right WR and the receiver, told, has
+                    // completed the SENDs before it.
                     if sq_sent == 0 {
-                        self.storage.slices().qps[i].remote_recvs.pop_front();
-                        self.fail_qp(i, WcStatus::RemInvReqErr);
+                        self.send_too_long(i, &r, w.len);
                     }
                     break;
                 }
@@ -2222,36 +2291,72 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.flush_qp(i);
     }
 
+    /// The oldest SEND of QP `i` is longer than the peer's receive WR `r` it was matched
+    /// with: tell the peer (its receive WR fails with LOC_LEN_ERR), then complete the SEND
+    /// with REM_INV_REQ_ERR and move the QP to ERR. Nothing is written.
+    fn send_too_long(&mut self, i: usize, r: &OobRecvWr, send_len: u32) {
+        self.stats.sends_too_long += 1;
+        let (peer, qpn) = {
+            let q = &mut self.storage.slices().qps[i];
+            q.remote_recvs.pop_front();
+            (q.peer_ip, q.qpn.get())
+        };
+        let rec = RecvTooShort {
+            wr_id: r.wr_id,
+            send_len,
+            qpn,
+        };
+        if let Some(oob) = self.oob.as_mut() {
+            if let Err(e) = oob.send_too_short(peer, &rec) {
+                core_error!(
+                    "QP {:#x}: cannot tell {} that its receive WR {:#x} is too short for a {}-byte SEND: {}",
+                    qpn,
+                    peer,
+                    r.wr_id,
+                    send_len,
+                    e
+                );
+            }
+        }
+        self.fail_qp(i, WcStatus::RemInvReqErr);
+    }
+
     /// Completes every outstanding WQE and receive WR of QP `i` with WR_FLUSH_ERR.
     fn flush_qp(&mut self, i: usize) {
         while self.retire_head(i, WcStatus::WrFlushErr).is_some() {}
-        loop {
-            let (r, qpn, cq) = {
-                let q = &mut self.storage.slices().qps[i];
-                match q.recvs.pop_front() {
-                    Some(r) => (r, q.qpn, q.recv_cq),
-                    None => break,
-                }
-            };
-            Self::push_cqe(
-                &mut self.storage,
-                &mut self.stats,
-                cq,
-                WorkCompletion {
-                    wr_id: r.wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm_data: 0,
-                    qp_num: qpn.get(),
-                    src_qp: 0,
-                    wc_flags: 0,
-                },
-            );
-        }
+        while self.fail_recv(i, WcStatus::WrFlushErr) {}
         let q = &mut self.storage.slices().qps[i];
         q.sq_sent = 0;
         q.deadline = None;
+        q.to_announce = 0;
+    }
+
+    /// Completes the oldest receive WR of QP `i` with the error `status` (byte_len 0);
+    /// `false` if none is posted.
+    fn fail_recv(&mut self, i: usize, status: WcStatus) -> bool {
+        let (r, qpn, cq) = {
+            let q = &mut self.storage.slices().qps[i];
+            match q.recvs.pop_front() {
+                Some(r) => (r, q.qpn, q.recv_cq),
+                None => return false,
+            }
+        };
+        Self::push_cqe(
+            &mut self.storage,
+            &mut self.stats,
+            cq,
+            WorkCompletion {
+                wr_id: r.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm_data: 0,
+                qp_num: qpn.get(),
+                src_qp: 0,
+                wc_flags: 0,
+            },
+        );
+        true
     }
 
     /// Responder side: completes received messages whose PSNs all arrived and sends one

@@ -1,11 +1,13 @@
 //! The messages of the out-of-band channel (oob-channel.md, normative;
 //! reference-latest.md 2.2 for the compatible record).
 //!
-//! A connection carries one [`Hello`] from the dialer, then receive-WR records back to back.
+//! A connection carries one [`Hello`] from each side, then 32-byte records back to back.
 //! Everything is big-endian and fixed-length, so a reader always knows how many bytes the
-//! next message takes.
+//! next message takes. Bytes 28..32 of a record are its kind ([`RecordKind`]): 0 is the
+//! compatible receive-WR record, whose last four bytes the reference driver sends as zero;
+//! an unknown kind is refused ([`OobError::UnknownRecordKind`]).
 //!
-//! **Receive-WR record** (32 bytes, byte-compatible with the reference driver's RecvWrQpn):
+//! **Receive-WR record** (kind 0, byte-compatible with the reference driver's RecvWrQpn):
 //!
 //! | Bytes | Field |
 //! |---|---|
@@ -14,7 +16,25 @@
 //! | 16..20 | buffer length (0 with no SGE) |
 //! | 20..24 | lkey, used as rkey by the sender (0 with no SGE) |
 //! | 24..28 | the responder's own QPN (24 bits: byte 24 is zero) |
-//! | 28..32 | zero |
+//! | 28..32 | kind 0 |
+//!
+//! **Receive-WR-too-short record** (kind 1, designed here; sent only to a peer whose hello
+//! announces [`Capabilities::LENGTH_ERRORS`]): the requester matched a SEND with an
+//! announced receive WR whose buffer is shorter than the SEND. The requester completes the
+//! SEND with REM_INV_REQ_ERR and writes nothing; on this record the receiver completes that
+//! receive WR with a local length error and moves its QP to the error state.
+//!
+//! | Bytes | Field |
+//! |---|---|
+//! | 0..8 | wr_id of the receive WR (as announced) |
+//! | 8..16 | zero |
+//! | 16..20 | the SEND's length |
+//! | 20..24 | zero |
+//! | 24..28 | the requester's own QPN (24 bits: byte 24 is zero) |
+//! | 28..32 | kind 1 |
+//!
+//! Both kinds name the sender's own QPN, so the receiver dispatches both the same way: to
+//! its QP whose peer QPN is that QPN and whose peer IP is the connection's source.
 //!
 //! **Hello** (16 bytes, designed here; the reference has none):
 //!
@@ -34,7 +54,7 @@ use core::net::Ipv4Addr;
 
 use bitflags::bitflags;
 
-/// Length of a receive-WR record.
+/// Length of a record (every kind).
 pub const RECV_WR_LEN: usize = 32;
 /// Length of the hello.
 pub const HELLO_LEN: usize = 16;
@@ -50,8 +70,10 @@ pub const MAX_QPN: u32 = 0x00FF_FFFF;
 pub enum OobMessageKind {
     /// The hello.
     Hello,
-    /// A receive-WR record.
+    /// A record (a receive-WR record unless its kind says otherwise).
     RecvWr,
+    /// A receive-WR-too-short record.
+    RecvTooShort,
 }
 
 impl fmt::Display for OobMessageKind {
@@ -59,6 +81,7 @@ impl fmt::Display for OobMessageKind {
         f.write_str(match self {
             OobMessageKind::Hello => "hello",
             OobMessageKind::RecvWr => "receive-WR record",
+            OobMessageKind::RecvTooShort => "receive-WR-too-short record",
         })
     }
 }
@@ -102,6 +125,11 @@ pub enum OobError {
         /// The value found (or given, when encoding).
         qpn: u32,
     },
+    /// A record's kind (bytes 28..32) is none this driver knows.
+    UnknownRecordKind {
+        /// The kind found.
+        kind: u32,
+    },
 }
 
 impl fmt::Display for OobError {
@@ -135,6 +163,11 @@ impl fmt::Display for OobError {
             OobError::QpnOutOfRange { qpn } => {
                 write!(f, "OOB record QPN {qpn:#x} is wider than 24 bits")
             }
+            OobError::UnknownRecordKind { kind } => write!(
+                f,
+                "OOB record of unknown kind {kind:#x} (bytes 28..32); this driver knows 0 \
+                 (receive WR) and 1 (receive WR too short)"
+            ),
         }
     }
 }
@@ -146,14 +179,18 @@ bitflags! {
     pub struct Capabilities: u32 {
         /// The sender announces receive WRs with the 32-byte record.
         const RECV_WR_RECORDS = 1 << 0;
-        // Bits 1..31 are reserved for later capabilities (for example a longer, versioned
-        // record); a peer that does not know a bit ignores it.
+        /// The sender takes receive-WR-too-short records (kind 1): a peer may tell it that
+        /// one of its receive WRs was too short for a SEND. A peer without this bit is
+        /// never sent one.
+        const LENGTH_ERRORS = 1 << 1;
+        // Bits 2..31 are reserved for later capabilities; a peer that does not know a bit
+        // ignores it.
     }
 }
 
 impl Capabilities {
     /// What this driver supports.
-    pub const OURS: Capabilities = Capabilities::RECV_WR_RECORDS;
+    pub const OURS: Capabilities = Capabilities::RECV_WR_RECORDS.union(Capabilities::LENGTH_ERRORS);
 }
 
 /// The first message on a connection.
@@ -241,49 +278,182 @@ pub struct RecvWr {
 impl RecvWr {
     /// The 32-byte record. Fails if `qpn` is wider than 24 bits.
     pub fn to_bytes(&self) -> Result<[u8; RECV_WR_LEN], OobError> {
-        if self.qpn > MAX_QPN {
-            return Err(OobError::QpnOutOfRange { qpn: self.qpn });
-        }
-        let mut out = [0u8; RECV_WR_LEN];
-        let (wr_id, rest) = out.split_at_mut(8);
-        wr_id.copy_from_slice(&self.wr_id.to_be_bytes());
-        let (addr, rest) = rest.split_at_mut(8);
-        addr.copy_from_slice(&self.addr.to_be_bytes());
-        let (length, rest) = rest.split_at_mut(4);
-        length.copy_from_slice(&self.length.to_be_bytes());
-        let (lkey, rest) = rest.split_at_mut(4);
-        lkey.copy_from_slice(&self.lkey.to_be_bytes());
-        let (qpn, _zero) = rest.split_at_mut(4);
-        qpn.copy_from_slice(&self.qpn.to_be_bytes());
-        Ok(out)
+        let fields = [self.addr, self.length as u64, self.lkey as u64];
+        encode(self.wr_id, fields, self.qpn, RecordKind::RecvWr)
     }
 
-    /// Decodes a record from the front of `bytes`; returns it and the bytes after it.
+    /// Decodes a receive-WR record (kind 0) from the front of `bytes`; returns it and the
+    /// bytes after it. A record of another kind is refused: [`Record::parse`] takes any.
     pub fn parse(bytes: &[u8]) -> Result<(Self, &[u8]), OobError> {
         let (msg, rest) = split::<RECV_WR_LEN>(bytes, OobMessageKind::RecvWr)?;
-        let be32 = |at: usize| u32::from_be_bytes([msg[at], msg[at + 1], msg[at + 2], msg[at + 3]]);
-        let be64 = |at: usize| (be32(at) as u64) << 32 | be32(at + 4) as u64;
-        let zero = be32(28);
-        if zero != 0 {
-            return Err(OobError::ReservedNotZero {
-                message: OobMessageKind::RecvWr,
-                offset: 28,
-                value: zero,
-            });
-        }
-        let qpn = be32(24);
-        if qpn > MAX_QPN {
-            return Err(OobError::QpnOutOfRange { qpn });
-        }
+        let f = Fields::check(&msg, OobMessageKind::RecvWr, 0)?;
         let wr = RecvWr {
-            wr_id: be64(0),
-            addr: be64(8),
-            length: be32(16),
-            lkey: be32(20),
-            qpn,
+            wr_id: f.be64(0),
+            addr: f.be64(8),
+            length: f.be32(16),
+            lkey: f.be32(20),
+            qpn: f.qpn,
         };
         Ok((wr, rest))
     }
+}
+
+/// A receive WR the requester found too short for a SEND (record kind 1): the receiver
+/// completes it with a local length error and moves its QP to the error state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RecvTooShort {
+    /// The receiver's work-request id, as announced.
+    pub wr_id: u64,
+    /// The length of the SEND that did not fit.
+    pub send_len: u32,
+    /// The requester's own QPN (24 bits).
+    pub qpn: u32,
+}
+
+impl RecvTooShort {
+    /// The 32-byte record. Fails if `qpn` is wider than 24 bits.
+    pub fn to_bytes(&self) -> Result<[u8; RECV_WR_LEN], OobError> {
+        let fields = [0, self.send_len as u64, 0];
+        encode(self.wr_id, fields, self.qpn, RecordKind::RecvTooShort)
+    }
+
+    /// Decodes a receive-WR-too-short record (kind 1) from the front of `bytes`; returns it
+    /// and the bytes after it. The zero fields must be zero.
+    pub fn parse(bytes: &[u8]) -> Result<(Self, &[u8]), OobError> {
+        let message = OobMessageKind::RecvTooShort;
+        let (msg, rest) = split::<RECV_WR_LEN>(bytes, message)?;
+        let f = Fields::check(&msg, message, RecordKind::RecvTooShort as u32)?;
+        for (offset, value) in [(8, f.be32(8)), (12, f.be32(12)), (20, f.be32(20))] {
+            if value != 0 {
+                return Err(OobError::ReservedNotZero {
+                    message,
+                    offset,
+                    value,
+                });
+            }
+        }
+        let rec = RecvTooShort {
+            wr_id: f.be64(0),
+            send_len: f.be32(16),
+            qpn: f.qpn,
+        };
+        Ok((rec, rest))
+    }
+}
+
+/// The kind of a record: bytes 28..32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum RecordKind {
+    /// A receive-WR record (the compatible format: these bytes are zero).
+    RecvWr = 0,
+    /// A receive-WR-too-short record.
+    RecvTooShort = 1,
+}
+
+/// A record of any known kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Record {
+    /// An announced receive WR.
+    RecvWr(RecvWr),
+    /// A receive WR that was too short for a SEND.
+    RecvTooShort(RecvTooShort),
+}
+
+impl Record {
+    /// The 32-byte record. Fails if the QPN is wider than 24 bits.
+    pub fn to_bytes(&self) -> Result<[u8; RECV_WR_LEN], OobError> {
+        match self {
+            Record::RecvWr(wr) => wr.to_bytes(),
+            Record::RecvTooShort(r) => r.to_bytes(),
+        }
+    }
+
+    /// Decodes a record of any known kind from the front of `bytes`; returns it and the
+    /// bytes after it. An unknown kind is [`OobError::UnknownRecordKind`].
+    pub fn parse(bytes: &[u8]) -> Result<(Self, &[u8]), OobError> {
+        let (msg, _) = split::<RECV_WR_LEN>(bytes, OobMessageKind::RecvWr)?;
+        let [.., k0, k1, k2, k3] = msg;
+        const RECV_WR: u32 = RecordKind::RecvWr as u32;
+        const RECV_TOO_SHORT: u32 = RecordKind::RecvTooShort as u32;
+        match u32::from_be_bytes([k0, k1, k2, k3]) {
+            RECV_WR => RecvWr::parse(bytes).map(|(wr, rest)| (Record::RecvWr(wr), rest)),
+            RECV_TOO_SHORT => {
+                RecvTooShort::parse(bytes).map(|(r, rest)| (Record::RecvTooShort(r), rest))
+            }
+            kind => Err(OobError::UnknownRecordKind { kind }),
+        }
+    }
+}
+
+/// A record's bytes with its kind and QPN checked.
+struct Fields<'a> {
+    msg: &'a [u8; RECV_WR_LEN],
+    qpn: u32,
+}
+
+impl<'a> Fields<'a> {
+    /// Checks that bytes 28..32 are `kind` and the QPN fits 24 bits.
+    fn check(
+        msg: &'a [u8; RECV_WR_LEN],
+        message: OobMessageKind,
+        kind: u32,
+    ) -> Result<Self, OobError> {
+        let mut f = Fields { msg, qpn: 0 };
+        let found = f.be32(28);
+        if found != kind {
+            // A receive-WR record's kind is the reference driver's zero field.
+            return Err(if kind == 0 {
+                OobError::ReservedNotZero {
+                    message,
+                    offset: 28,
+                    value: found,
+                }
+            } else {
+                OobError::UnknownRecordKind { kind: found }
+            });
+        }
+        f.qpn = f.be32(24);
+        if f.qpn > MAX_QPN {
+            return Err(OobError::QpnOutOfRange { qpn: f.qpn });
+        }
+        Ok(f)
+    }
+
+    fn be32(&self, at: usize) -> u32 {
+        let b = |k: usize| self.msg.get(at + k).copied().unwrap_or(0);
+        u32::from_be_bytes([b(0), b(1), b(2), b(3)])
+    }
+
+    fn be64(&self, at: usize) -> u64 {
+        (self.be32(at) as u64) << 32 | self.be32(at + 4) as u64
+    }
+}
+
+/// A record: wr_id, then three fields (8, 4 and 4 bytes at 8..24), the QPN and the kind.
+fn encode(
+    wr_id: u64,
+    fields: [u64; 3],
+    qpn: u32,
+    kind: RecordKind,
+) -> Result<[u8; RECV_WR_LEN], OobError> {
+    if qpn > MAX_QPN {
+        return Err(OobError::QpnOutOfRange { qpn });
+    }
+    let [addr, length, key] = fields;
+    let mut out = [0u8; RECV_WR_LEN];
+    let (w, rest) = out.split_at_mut(8);
+    w.copy_from_slice(&wr_id.to_be_bytes());
+    let (a, rest) = rest.split_at_mut(8);
+    a.copy_from_slice(&addr.to_be_bytes());
+    let (l, rest) = rest.split_at_mut(4);
+    l.copy_from_slice(&(length as u32).to_be_bytes());
+    let (k, rest) = rest.split_at_mut(4);
+    k.copy_from_slice(&(key as u32).to_be_bytes());
+    let (q, kind_bytes) = rest.split_at_mut(4);
+    q.copy_from_slice(&qpn.to_be_bytes());
+    kind_bytes.copy_from_slice(&(kind as u32).to_be_bytes());
+    Ok(out)
 }
 
 /// The first `N` bytes of `bytes` as an array, and the rest.
@@ -346,14 +516,89 @@ mod tests {
                 available: 31
             })
         );
-        let wide = RecvWr {
-            qpn: 0x0100_0000,
-            ..RecvWr::default()
+    }
+
+    #[test]
+    fn too_short_record_fields_in_place_and_dispatch_by_kind() {
+        let rec = RecvTooShort {
+            wr_id: 0x0102_0304_0506_0708,
+            send_len: 0x0000_0065,
+            qpn: 0x0123AB,
         };
+        let bytes = rec.to_bytes().unwrap();
+        assert_eq!(bytes[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(bytes[8..16], [0; 8]);
+        assert_eq!(bytes[16..24], [0, 0, 0, 0x65, 0, 0, 0, 0]);
+        assert_eq!(bytes[24..], [0, 0x01, 0x23, 0xAB, 0, 0, 0, 1]);
+        assert_eq!(RecvTooShort::parse(&bytes), Ok((rec, &[][..])));
         assert_eq!(
-            wide.to_bytes(),
+            Record::parse(&bytes),
+            Ok((Record::RecvTooShort(rec), &[][..]))
+        );
+        let wr = RecvWr::default();
+        let wr_bytes = Record::RecvWr(wr).to_bytes().unwrap();
+        assert_eq!(Record::parse(&wr_bytes), Ok((Record::RecvWr(wr), &[][..])));
+        // The receive-WR parser still sees the kind as its zero field.
+        assert!(matches!(
+            RecvWr::parse(&bytes),
+            Err(OobError::ReservedNotZero { offset: 28, .. })
+        ));
+    }
+
+    #[test]
+    fn too_short_record_refuses_garbage() {
+        let good = RecvTooShort::default().to_bytes().unwrap();
+        for at in [8, 15, 20, 23] {
+            let mut bytes = good;
+            bytes[at] = 0x40;
+            assert!(
+                matches!(
+                    Record::parse(&bytes),
+                    Err(OobError::ReservedNotZero {
+                        message: OobMessageKind::RecvTooShort,
+                        ..
+                    })
+                ),
+                "byte {at}"
+            );
+        }
+        let mut bytes = good;
+        bytes[24] = 1;
+        assert_eq!(
+            Record::parse(&bytes),
             Err(OobError::QpnOutOfRange { qpn: 0x0100_0000 })
         );
+        let mut bytes = good;
+        bytes[28] = 0x80;
+        let err = Record::parse(&bytes).unwrap_err();
+        assert_eq!(err, OobError::UnknownRecordKind { kind: 0x8000_0001 });
+        extern crate std;
+        use std::string::ToString;
+        assert!(err
+            .to_string()
+            .starts_with("OOB record of unknown kind 0x80000001"));
+        assert!(matches!(
+            Record::parse(&good[..31]),
+            Err(OobError::Truncated { needed: 32, .. })
+        ));
+    }
+
+    #[test]
+    fn records_refuse_to_encode_a_wide_qpn() {
+        let qpn = 0x0100_0000;
+        let wide = [
+            Record::RecvWr(RecvWr {
+                qpn,
+                ..RecvWr::default()
+            }),
+            Record::RecvTooShort(RecvTooShort {
+                qpn,
+                ..RecvTooShort::default()
+            }),
+        ];
+        for r in wide {
+            assert_eq!(r.to_bytes(), Err(OobError::QpnOutOfRange { qpn }), "{r:?}");
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! A streaming decoder for the out-of-band TCP byte stream (oob-channel.md): the hello,
-//! then receive-WR records, split across reads in any way.
+//! then records of any known kind, split across reads in any way.
 //!
 //! It owns a fixed 32-byte buffer (the longest message) and never allocates. Feed it every
 //! chunk a read returns:
@@ -19,7 +19,9 @@
 //! After an error the decoder stays failed and returns the same error: the connection
 //! must be closed. A bad magic is reported as soon as the first differing byte arrives.
 
-use super::codec::{Hello, OobError, OobMessageKind, RecvWr, HELLO_LEN, RECV_WR_LEN};
+use super::codec::{
+    Hello, OobError, OobMessageKind, Record, RecvTooShort, RecvWr, HELLO_LEN, RECV_WR_LEN,
+};
 
 /// A decoded message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +30,8 @@ pub enum OobMessage {
     Hello(Hello),
     /// An announced receive WR.
     RecvWr(RecvWr),
+    /// A receive WR of ours was too short for the peer's SEND.
+    RecvTooShort(RecvTooShort),
 }
 
 /// Incremental decoder of one connection's byte stream.
@@ -84,7 +88,7 @@ impl OobDecoder {
     const fn next_len(&self) -> usize {
         match self.next {
             OobMessageKind::Hello => HELLO_LEN,
-            OobMessageKind::RecvWr => RECV_WR_LEN,
+            OobMessageKind::RecvWr | OobMessageKind::RecvTooShort => RECV_WR_LEN,
         }
     }
 
@@ -139,8 +143,14 @@ impl OobDecoder {
             OobMessageKind::Hello => {
                 Hello::parse(bytes).map(|(h, rest)| (OobMessage::Hello(h), rest))
             }
-            OobMessageKind::RecvWr => {
-                RecvWr::parse(bytes).map(|(wr, rest)| (OobMessage::RecvWr(wr), rest))
+            OobMessageKind::RecvWr | OobMessageKind::RecvTooShort => {
+                Record::parse(bytes).map(|(record, rest)| {
+                    let msg = match record {
+                        Record::RecvWr(wr) => OobMessage::RecvWr(wr),
+                        Record::RecvTooShort(r) => OobMessage::RecvTooShort(r),
+                    };
+                    (msg, rest)
+                })
             }
         };
         match parsed {
@@ -253,6 +263,38 @@ mod tests {
         assert_eq!(err, OobError::BadMagic { found: *b"BRX\0" });
         let mut more: &[u8] = &[0; 64];
         assert_eq!(dec.decode(&mut more), Err(err));
+        assert_eq!(dec.finish(), Err(err));
+    }
+
+    #[test]
+    fn too_short_records_decode_and_unknown_kinds_fail_for_good() {
+        let (bytes, _, wrs) = stream();
+        let rec = RecvTooShort {
+            wr_id: 9,
+            send_len: 101,
+            qpn: 0x0123AB,
+        };
+        let mut more = [0u8; 2 * RECV_WR_LEN];
+        more[..32].copy_from_slice(&rec.to_bytes().unwrap());
+        more[32..].copy_from_slice(&wrs[0].to_bytes().unwrap());
+        more[63] = 7;
+        let mut dec = OobDecoder::new();
+        let mut input = &bytes[..48];
+        assert!(matches!(
+            dec.decode(&mut input),
+            Ok(Some(OobMessage::Hello(_)))
+        ));
+        assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[0]))));
+        // Split inside the kind field.
+        let mut input = &more[..30];
+        assert_eq!(dec.decode(&mut input), Ok(None));
+        let mut input = &more[30..];
+        assert_eq!(
+            dec.decode(&mut input),
+            Ok(Some(OobMessage::RecvTooShort(rec)))
+        );
+        let err = OobError::UnknownRecordKind { kind: 7 };
+        assert_eq!(dec.decode(&mut input), Err(err));
         assert_eq!(dec.finish(), Err(err));
     }
 
