@@ -146,18 +146,25 @@ impl RawBatch {
         })
     }
 
-    /// Runs the handler on every frame taken.
-    fn deliver(&self, inner: &Inner) {
+    /// Runs the handler on every frame taken, once: the batch is empty afterwards (a round
+    /// that could not take the engine lock must not hand the last batch over again; it did,
+    /// and a UD receiver got a datagram twice).
+    fn deliver(&mut self, inner: &Inner) {
         if self.ends.is_empty() {
             return;
         }
-        let mut h = inner.raw.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(h) = h.as_mut() else { return };
-        let mut start = 0;
-        for &end in &self.ends {
-            h(&self.bytes[start..end]);
-            start = end;
+        {
+            let mut h = inner.raw.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(h) = h.as_mut() {
+                let mut start = 0;
+                for &end in &self.ends {
+                    h(&self.bytes[start..end]);
+                    start = end;
+                }
+            }
         }
+        self.bytes.clear();
+        self.ends.clear();
     }
 }
 

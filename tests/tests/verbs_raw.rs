@@ -136,3 +136,44 @@ fn without_a_handler_frames_are_dropped_and_counted() {
     }
     assert_eq!(b.stats().raw_dropped, 21);
 }
+
+#[test]
+fn each_frame_reaches_the_handler_once_while_another_thread_holds_the_device() {
+    // The progress thread hands frames over after releasing the device lock; a round in
+    // which the lock was busy handed the previous round's frames over again (a UD receiver
+    // got a datagram twice). Another thread polling the device keeps the lock busy.
+    let (a, b) = two_devices();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    b.set_raw_handler(Some(Box::new(move |f: &[u8]| {
+        let _ = tx.send(f.to_vec());
+    })));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let (b, stop2) = (&b, stop.clone());
+        s.spawn(move || {
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                b.poll();
+            }
+        });
+        let sent: Vec<Vec<u8>> = (0..400u32)
+            .map(|i| frame(i as u8, 1 + i as usize))
+            .collect();
+        for f in &sent {
+            send(&a, f);
+            std::thread::yield_now();
+        }
+        for (i, want) in sent.iter().enumerate() {
+            let got = rx
+                .recv_timeout(WAIT)
+                .unwrap_or_else(|_| panic!("frame {i} of {} did not arrive", sent.len()));
+            assert!(
+                got == *want,
+                "frame {i}: another frame (or a copy) came instead"
+            );
+        }
+        // Nothing more: no frame was handed over twice.
+        let extra = rx.recv_timeout(Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(extra.is_err(), "a frame reached the handler twice");
+    });
+}

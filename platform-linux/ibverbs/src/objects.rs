@@ -816,7 +816,7 @@ pub unsafe extern "C" fn bv_ibv_modify_qp(
         // SAFETY: `state` is ours to update; applications read it.
         unsafe { (*qp).state = a.qp_state };
         if let Some(srq) = &q.srq {
-            srq.top_up(q.ibv.qp_num);
+            srq.state_changed(q.ibv.qp_num, a.qp_state);
         }
         if a.qp_state == QpState::Reset.to_ibv() {
             q.post.lock().unwrap_or_else(|e| e.into_inner()).reset();

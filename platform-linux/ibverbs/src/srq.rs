@@ -41,6 +41,9 @@ struct Member {
     qp: *const VQp,
     /// WRs of the pool posted to it and not completed yet.
     posted: u32,
+    /// A WR of it was flushed: the QP is in ERR, and a WR posted to it now would only be
+    /// flushed too (taken from the pool for nothing), so it gets no more.
+    failed: bool,
 }
 
 #[derive(Default)]
@@ -71,7 +74,7 @@ impl Shared {
         let Some(m) = members.get_mut(&qpn) else {
             return;
         };
-        while m.posted < SHARE {
+        while m.posted < SHARE && !m.failed {
             let Some(wr) = pool.pop_front() else { break };
             // SAFETY: members hold live QPs (see the Send impl); the WR's buffer belongs to
             // the request until its completion (the verbs contract of post_srq_recv).
@@ -88,7 +91,14 @@ impl Shared {
     /// Attaches `qp` (number `qpn`) and gives it its share.
     pub(crate) fn attach(&self, qpn: u32, qp: *const VQp) {
         let mut s = self.lock();
-        s.members.insert(qpn, Member { qp, posted: 0 });
+        s.members.insert(
+            qpn,
+            Member {
+                qp,
+                posted: 0,
+                failed: false,
+            },
+        );
         Self::refill(&mut s, qpn);
     }
 
@@ -97,9 +107,22 @@ impl Shared {
         self.lock().members.remove(&qpn);
     }
 
-    /// Tops `qpn` up (after modify_qp: a QP leaving RESET can take WRs).
-    pub(crate) fn top_up(&self, qpn: u32) {
-        Self::refill(&mut self.lock(), qpn);
+    /// After modify_qp moved `qpn` to `state` (ibv_qp_state): RESET drops what it held (the
+    /// engine forgets its receive WRs), ERR stops handing it WRs, and any other state tops
+    /// it up (a QP leaving RESET can take WRs).
+    pub(crate) fn state_changed(&self, qpn: u32, state: u32) {
+        let mut s = self.lock();
+        if let Some(m) = s.members.get_mut(&qpn) {
+            match state {
+                0 => {
+                    m.posted = 0;
+                    m.failed = false;
+                }
+                6 => m.failed = true,
+                _ => {}
+            }
+        }
+        Self::refill(&mut s, qpn);
     }
 
     /// A receive WR of `qpn` completed: hand it the next one if it completed well (a
@@ -108,6 +131,7 @@ impl Shared {
         let mut s = self.lock();
         if let Some(m) = s.members.get_mut(&qpn) {
             m.posted = m.posted.saturating_sub(1);
+            m.failed |= !ok;
         }
         if ok {
             Self::refill(&mut s, qpn);
