@@ -7,7 +7,7 @@
 //!    (no route beyond that subnet, in any namespace), and per node `i` a network namespace
 //!    `bvcl-n<i>` with a veth (`bvcl-h<i>` on the bridge, `eth0` inside) at 10.77.0.(10+i)
 //!    and lo up. In it, a long-lived node process (`unshare --ipc --pid --uts --mount
-//!    --fork`) sets the host name `node<i>`, mounts private `/tmp` and `/dev/shm`, and gives
+//!    --fork`) sets the host name `node<i>`, mounts a private `/dev/shm`, and gives
 //!    its mount namespace a `/dev` of its own: a tmpfs with the real entries bound in, plus
 //!    `/dev/infiniband/uverbs0` (a character device, which UCX requires of every verbs
 //!    device it lists, by the `dev_name` the stand-in reports). The machine's `/dev` is
@@ -386,7 +386,6 @@ const NODE_INIT: &str = r#"#!/bin/bash
 set -eu
 i=$1 realdev=$2 ready=$3
 hostname "node$i"
-mount -t tmpfs -o mode=1777 node-tmp /tmp
 # A /dev of the node's own: a tmpfs with the real entries bound in. The real /dev is only
 # read (bound at $realdev, in this private mount namespace, then detached).
 mount --rbind /dev "$realdev"
@@ -419,10 +418,11 @@ fn rsh_script(nodes: &[Node], lib_dir: &Path, dir: &Path) -> String {
     let mut cases = String::new();
     for n in nodes {
         cases.push_str(&format!(
-            "    {ip} | node{i}) pid={pid} ;;\n",
+            "    {ip} | node{i}) pid={pid} tmp={tmp} ;;\n",
             ip = n.ip,
             i = n.index,
-            pid = n.init
+            pid = n.init,
+            tmp = node_tmp(dir, n.index).display()
         ));
     }
     format!(
@@ -434,11 +434,18 @@ fn rsh_script(nodes: &[Node], lib_dir: &Path, dir: &Path) -> String {
          case $host in\n{cases}    *) echo \"node-rsh: no node $host\" >&2; exit 255 ;;\n\
          esac\n\
          unset BLUERDMA_DEVICES\n\
-         export LD_LIBRARY_PATH={lib}\n\
+         export LD_LIBRARY_PATH={lib} TMPDIR=$tmp\n\
          exec nsenter -t \"$pid\" -n -i -p -u -m --wd={dir} -- /bin/sh -c \"$*\"\n",
         lib = lib_dir.display(),
         dir = dir.display(),
     )
+}
+
+/// Node `i`'s temporary directory (TMPDIR of everything run in it: Open MPI's session
+/// directories). Not a private /tmp mount: that would hide a checkout under /tmp, and with
+/// it the binaries and logs the steps use.
+fn node_tmp(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("node{i}.tmp"))
 }
 
 /// One node: its index, address and the PID (in the root namespace) of its init process.
@@ -515,7 +522,8 @@ impl Cluster {
             // Each node finds its device's address itself: the only non-loopback IPv4
             // address of its network namespace (the library's rule).
             .env_remove("BLUERDMA_DEVICES")
-            .env("UCX_UD_VERBS_SEG_SIZE", UD_SEG_SIZE);
+            .env("UCX_UD_VERBS_SEG_SIZE", UD_SEG_SIZE)
+            .env("TMPDIR", node_tmp(&self.dir, i));
         c
     }
 
@@ -602,6 +610,9 @@ fn add_node(i: usize, dir: &Path, init: &Path) -> Result<Node, String> {
     let log = dir.join(format!("node{i}.log"));
     let _ = fs::remove_file(&ready);
     fs::create_dir_all(&realdev).map_err(|e| format!("cluster: {}: {e}", realdev.display()))?;
+    let tmp = node_tmp(dir, i);
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp).map_err(|e| format!("cluster: {}: {e}", tmp.display()))?;
     let out = fs::File::create(&log).map_err(|e| format!("cluster: {}: {e}", log.display()))?;
     let err = out.try_clone().map_err(|e| format!("cluster: {e}"))?;
     // `ip netns exec` execs unshare in place, which forks the node's PID 1.
