@@ -41,9 +41,11 @@ static void round_trip(struct end *s, struct ibv_mr *smr, struct end *r, struct 
         snprintf(what, sizeof what, "%s #%u of %u B %s -> %s", with_imm ? "SEND_WITH_IMM" : "SEND",
                  seed, len, s->name, r->name);
         pattern_fill(src, len, seed);
-        /* A zero-length SEND carries no SGE. */
+        /* A zero-length SEND carries no SGE. wr.rdma means nothing for a SEND: fill it with
+         * garbage (an address range that wraps, a random key), as applications may. */
         post_send_wr(s, with_imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND, 0x5E0D0000u + seed, src,
-                     len, len ? smr : NULL, 0, 0, with_imm ? imm : 0, IBV_SEND_SIGNALED);
+                     len, len ? smr : NULL, 0xFFFFFFFFFFFFF000ull, 0xDEADBEEF,
+                     with_imm ? imm : 0, IBV_SEND_SIGNALED);
 
         struct ibv_wc wc;
         expect_wc(s, &wc, 0x5E0D0000u + seed, IBV_WC_SEND, what);

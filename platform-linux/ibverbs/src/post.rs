@@ -195,6 +195,15 @@ unsafe fn expand(
         return Err(libc::EINVAL);
     }
     let signaled = q.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0;
+    // `wr.rdma` means nothing for a SEND (applications leave whatever is there; UCX's
+    // am_bcopy did, and the engine refused a "remote range" that wrapped): the receive WR
+    // announced by the peer gives the address and key.
+    let is_send = matches!(op, SendOp::Send | SendOp::SendWithImm(_));
+    let (raddr, rkey) = if is_send {
+        (0, 0)
+    } else {
+        (wr.wr[0], wr.wr[1] as u32)
+    };
     let one = |laddr: u64, len: u32, lkey: u32, raddr: u64, signaled: bool| SendWr {
         wr_id: wr.wr_id,
         op,
@@ -202,11 +211,10 @@ unsafe fn expand(
         len,
         lkey: MrKey::from_raw(lkey),
         raddr: VirtAddr(raddr),
-        rkey: MrKey::from_raw(wr.wr[1] as u32),
+        rkey: MrKey::from_raw(rkey),
         signaled,
         solicited: wr.send_flags & IBV_SEND_SOLICITED != 0,
     };
-    let raddr = wr.wr[0];
     if inline {
         if total > MAX_INLINE as u64 {
             log::error!("post_send: {total} bytes of inline data (at most {MAX_INLINE})");
