@@ -353,3 +353,37 @@ fn a_whole_receive_queue_announced_before_the_sender_connects_is_kept() {
     );
     assert_eq!(a.stats().recvs_dropped, 0);
 }
+
+#[test]
+fn a_send_ignores_its_remote_address_and_key() {
+    // The peer's receive WR gives a SEND's destination; whatever the caller left in the
+    // request's remote fields (an address range that wraps) does not matter.
+    let (a, b, _oob) = devices();
+    let (sa, sb) = sides(&a, &b);
+    connect(&sa, &sb, 7);
+    let mut src = sa.pd.alloc_mr(64, ALL).unwrap();
+    src.bytes_mut().unwrap().fill(0x5A);
+    let dst = sb.pd.alloc_mr(64, ALL).unwrap();
+    recv(&sb.qp, 1, &dst, 0, 64);
+    let wr = SendWr {
+        wr_id: 9,
+        op: SendOp::Send,
+        laddr: VirtAddr(src.addr()),
+        len: 64,
+        lkey: src.key(),
+        raddr: VirtAddr(u64::MAX - 10),
+        rkey: bluerdma_core::keys::MrKey::from_raw(0xDEAD_BEEF),
+        signaled: true,
+        solicited: false,
+    };
+    // SAFETY: the MR outlives the completion.
+    unsafe { sa.qp.post_send(&[wr]) }.unwrap();
+    let w = sa.cq.wait(1, Duration::from_secs(5)).unwrap();
+    assert_eq!((w[0].wr_id, w[0].status), (9, WcStatus::Success));
+    let r = sb.cq.wait(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len),
+        (1, WcStatus::Success, 64)
+    );
+    assert!(dst.bytes().unwrap().iter().all(|x| *x == 0x5A));
+}

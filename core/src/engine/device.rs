@@ -1115,7 +1115,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 what: "length above 64 MiB (one request must fit half the send ring)",
             });
         }
-        if wr.raddr.0.checked_add(wr.len as u64).is_none() {
+        // A SEND's remote address comes from the peer's receive WR: the caller's is ignored.
+        let is_send = matches!(op, WorkReqOpcode::Send | WorkReqOpcode::SendWithImm);
+        if !is_send && wr.raddr.0.checked_add(wr.len as u64).is_none() {
             return Err(VerbsError::InvalidArgument {
                 what: "remote range wraps the address space",
             });
