@@ -282,12 +282,8 @@ pub unsafe extern "C" fn bv_ibv_reg_mr_iova2(
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
-    if mr.is_null() {
-        return libc::EINVAL;
-    }
     // SAFETY: made by ibv_reg_mr; dropping deregisters it in the card.
-    drop(unsafe { Box::from_raw(mr as *mut Mr) });
-    0
+    unsafe { free::<Mr, _>(mr) }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -546,20 +542,21 @@ pub(crate) unsafe extern "C" fn op_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut Ib
 
 /// Hands an SRQ's next WR to each QP whose receive WR completed in `wcs`.
 fn srq_consumed(c: &Cq, wcs: &[WorkCompletion]) {
+    let is_recv =
+        |w: &&WorkCompletion| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+    // The common poll (empty, or send completions only) takes no lock.
+    if !wcs.iter().any(|w| is_recv(&w)) {
+        return;
+    }
     // SAFETY: the context outlives its CQs.
     let Some(ctx) = (unsafe { Ctx::from_ibv(c.ibv.context) }) else {
         return;
     };
     let map = ctx.srq_qps.lock().unwrap_or_else(|e| e.into_inner());
-    if map.is_empty() {
-        return;
-    }
-    for w in wcs {
-        if matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-            if let Some(srq) = map.get(&w.qp_num) {
-                // A flushed WR means the QP is in ERR: nothing more goes to it.
-                srq.consumed(w.qp_num, w.status == WcStatus::Success);
-            }
+    for w in wcs.iter().filter(is_recv) {
+        if let Some(srq) = map.get(&w.qp_num) {
+            // A flushed WR means the QP is in ERR: nothing more goes to it.
+            srq.consumed(w.qp_num, w.status == WcStatus::Success);
         }
     }
 }
@@ -748,8 +745,7 @@ pub unsafe extern "C" fn bv_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         return unsafe { crate::ud::destroy_qp(qp) };
     }
     // SAFETY: made by ibv_create_qp; the caller gives it up.
-    drop(unsafe { Box::from_raw(qp as *mut Qp) });
-    0
+    unsafe { free::<Qp, _>(qp) }
 }
 
 #[no_mangle]

@@ -50,6 +50,11 @@ pub(crate) struct PostState {
     gather_live: VecDeque<(u64, usize, usize)>,
     /// Engine requests posted on this QP (what `sq_retired` counts against).
     posted: u64,
+    /// Scratch of `op_post_send`, kept so that a post allocates nothing: the engine
+    /// requests of one batch, and for each the application request it came from (its
+    /// address) and the inline slots used before it.
+    wrs: Vec<SendWr>,
+    owner: Vec<(usize, u64)>,
 }
 
 impl PostState {
@@ -261,7 +266,7 @@ unsafe fn expand(
 
 pub(crate) unsafe extern "C" fn op_post_send(
     qp: *mut IbvQp,
-    mut wr: *mut IbvSendWr,
+    wr: *mut IbvSendWr,
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
@@ -273,17 +278,36 @@ pub(crate) unsafe extern "C" fn op_post_send(
     let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
         return libc::EINVAL;
     };
-    let set_bad = |p: *mut IbvSendWr| {
-        if !bad.is_null() {
-            // SAFETY: the caller passes a writable pointer slot.
-            unsafe { *bad = p };
-        }
-    };
     let mut st = q.post.lock().unwrap_or_else(|e| e.into_inner());
-    let mut wrs: Vec<SendWr> = Vec::with_capacity(BATCH + MAX_SGE);
-    // For each engine request: the application request it belongs to and the inline slots
-    // used before it.
-    let mut owner: Vec<(*mut IbvSendWr, u64)> = Vec::with_capacity(BATCH + MAX_SGE);
+    let (mut wrs, mut owner) = (std::mem::take(&mut st.wrs), std::mem::take(&mut st.owner));
+    // SAFETY: forwarded contract.
+    let rc = unsafe { post_batches(q, &mut st, wr, &mut wrs, &mut owner) };
+    (st.wrs, st.owner) = (wrs, owner);
+    match rc {
+        Ok(()) => 0,
+        Err((at, e)) => {
+            if !bad.is_null() {
+                // SAFETY: the caller passes a writable pointer slot.
+                unsafe { *bad = at };
+            }
+            e
+        }
+    }
+}
+
+/// Posts the chain from `wr` in batches of up to [`BATCH`] engine requests; on failure, the
+/// application request that failed and the errno.
+///
+/// # Safety
+/// As for `ibv_post_send`: a list of valid requests whose buffers belong to them until
+/// their completions.
+unsafe fn post_batches(
+    q: &Qp,
+    st: &mut PostState,
+    mut wr: *mut IbvSendWr,
+    wrs: &mut Vec<SendWr>,
+    owner: &mut Vec<(usize, u64)>,
+) -> Result<(), (*mut IbvSendWr, c_int)> {
     while !wr.is_null() {
         wrs.clear();
         owner.clear();
@@ -293,9 +317,9 @@ pub(crate) unsafe extern "C" fn op_post_send(
             let before = (wrs.len(), inline_used);
             let seq = st.posted + wrs.len() as u64;
             // SAFETY: a list of valid requests, by the caller's contract.
-            match unsafe { expand(q, &mut st, &*wr, &mut inline_used, seq, &mut wrs) } {
+            match unsafe { expand(q, st, &*wr, &mut inline_used, seq, wrs) } {
                 Ok(()) => {
-                    owner.resize(wrs.len(), (wr, before.1));
+                    owner.resize(wrs.len(), (wr as usize, before.1));
                     // SAFETY: as above.
                     wr = unsafe { (*wr).next };
                 }
@@ -308,7 +332,7 @@ pub(crate) unsafe extern "C" fn op_post_send(
             }
         }
         // SAFETY: the verbs contract: buffers belong to the requests until completion.
-        let result = unsafe { q.qp.post_send(&wrs) };
+        let result = unsafe { q.qp.post_send(wrs) };
         let accepted = match &result {
             Ok(()) => wrs.len(),
             Err((k, _)) => *k,
@@ -318,15 +342,13 @@ pub(crate) unsafe extern "C" fn op_post_send(
         let posted = st.posted;
         st.unstage(posted);
         if let Err((k, e)) = result {
-            set_bad(owner[k].0);
-            return fail(e);
+            return Err((owner[k].0 as *mut IbvSendWr, fail(e)));
         }
-        if let Some((at, e)) = error {
-            set_bad(at);
-            return e;
+        if let Some(e) = error {
+            return Err(e);
         }
     }
-    0
+    Ok(())
 }
 
 // The engine's request type must stay cheap to build per post.

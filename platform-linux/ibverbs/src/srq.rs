@@ -214,8 +214,7 @@ pub unsafe extern "C" fn bv_ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
         return libc::EBUSY;
     }
     // SAFETY: made by ibv_create_srq; the caller gives it up.
-    drop(unsafe { Box::from_raw(srq as *mut Srq) });
-    0
+    unsafe { crate::objects::free::<Srq, _>(srq) }
 }
 
 #[no_mangle]
