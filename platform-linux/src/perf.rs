@@ -52,26 +52,8 @@ pub fn open_udp_pair(port: u16) -> (Context, Context, Side, Side) {
         .expect("open blue0");
     let b = Context::open_emulated_with_oob(DeviceSpec::new("blue1", IP1), link(IP1), oob(IP1))
         .expect("open blue1");
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
-    let qa = pa.create_qp(&ca, &ca).unwrap();
-    let qb = pb.create_qp(&cb, &cb).unwrap();
-    qa.connect(qb.endpoint(0), 0, 16, 7).unwrap();
-    qb.connect(qa.endpoint(0), 0, 16, 7).unwrap();
-    (
-        a,
-        b,
-        Side {
-            pd: pa,
-            cq: ca,
-            qp: qa,
-        },
-        Side {
-            pd: pb,
-            cq: cb,
-            qp: qb,
-        },
-    )
+    let (sa, sb) = fresh_pair(&a, &b);
+    (a, b, sa, sb)
 }
 
 /// A new connected QP pair (with its own PDs and CQs) on two open devices, so that one

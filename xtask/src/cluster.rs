@@ -170,13 +170,7 @@ pub fn ci_row(root: &Path) -> Row {
         }
         Err(e) => {
             eprintln!("ci: cluster: {e}");
-            Row {
-                suite,
-                passed: 0,
-                failed: 1,
-                time: start.elapsed(),
-                note: e,
-            }
+            Row::failure(suite, start.elapsed(), e)
         }
     }
 }

@@ -196,6 +196,19 @@ struct Row {
     note: String,
 }
 
+impl Row {
+    /// A check that could not run at all: one failure, and why.
+    fn failure(suite: impl Into<String>, time: Duration, note: String) -> Row {
+        Row {
+            suite: suite.into(),
+            passed: 0,
+            failed: 1,
+            time,
+            note,
+        }
+    }
+}
+
 /// Runs every check and prints one summary table.
 fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -326,13 +339,11 @@ fn test_suites(root: &Path, logs: &Path, cmd: &str) -> Vec<Row> {
         print_tail(&out, 60);
         if counted_failures == 0 {
             // A build error: no test binary ran, so no row says so.
-            rows.push(Row {
-                suite: "tests (build)".into(),
-                passed: 0,
-                failed: 1,
-                time: start.elapsed(),
-                note: format!("see {}", log.display()),
-            });
+            rows.push(Row::failure(
+                "tests (build)",
+                start.elapsed(),
+                format!("see {}", log.display()),
+            ));
         }
     }
     rows
@@ -343,12 +354,12 @@ fn test_suites(root: &Path, logs: &Path, cmd: &str) -> Vec<Row> {
 fn parse_test_output(out: &str, log: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     let mut current: Option<String> = None;
-    let crashed = |suite: String| Row {
-        suite,
-        passed: 0,
-        failed: 1,
-        time: Duration::ZERO,
-        note: format!("crashed before its summary; see {}", log.display()),
+    let crashed = |suite: String| {
+        Row::failure(
+            suite,
+            Duration::ZERO,
+            format!("crashed before its summary; see {}", log.display()),
+        )
     };
     for line in out.lines() {
         let t = line.trim();

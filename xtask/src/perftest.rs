@@ -179,13 +179,7 @@ pub fn ci_row(root: &Path, quick: bool) -> Row {
         }
         Err(e) => {
             eprintln!("ci: perftest: {e}");
-            Row {
-                suite,
-                passed: 0,
-                failed: 1,
-                time: start.elapsed(),
-                note: e,
-            }
+            Row::failure(suite, start.elapsed(), e)
         }
     }
 }
