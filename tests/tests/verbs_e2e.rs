@@ -1,62 +1,17 @@
 //! End to end on two emulated NICs in one process, through the verbs API: bytes arrive
 //! intact, completions say what happened, errors name the problem.
 
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use bluerdma_core::addr::VirtAddr;
-use bluerdma_core::desc::AccessFlags;
 use bluerdma_core::engine::{SendOp, SendWr, WcOpcode, WcStatus};
 use bluerdma_linux::{Context, DeviceSpec, Mr, Qp};
 use bluerdma_sim::link::MemHub;
-
-const IP0: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
-const IP1: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ);
-
-fn two_devices() -> (Context, Context) {
-    let hub = MemHub::new();
-    let a = Context::open_emulated(
-        DeviceSpec::new("blue0", IP0),
-        Box::new(hub.attach(IP0).unwrap()),
-    )
-    .unwrap();
-    let b = Context::open_emulated(
-        DeviceSpec::new("blue1", IP1),
-        Box::new(hub.attach(IP1).unwrap()),
-    )
-    .unwrap();
-    (a, b)
-}
-
-struct Side {
-    qp: Qp,
-    cq: bluerdma_linux::Cq,
-    pd: bluerdma_linux::Pd,
-}
+use bluerdma_tests::{connect_pair, two_devices, Side, ALL, IP0, IP1};
 
 /// Connects a QP pair with the given IB `timeout` exponent and retry count.
 fn connect_with(a: &Context, b: &Context, timeout: u8, retries: u8) -> (Side, Side) {
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
-    let qa = pa.create_qp(&ca, &ca).unwrap();
-    let qb = pb.create_qp(&cb, &cb).unwrap();
-    qa.connect(qb.endpoint(500), 100, timeout, retries).unwrap();
-    qb.connect(qa.endpoint(100), 500, timeout, retries).unwrap();
-    (
-        Side {
-            qp: qa,
-            cq: ca,
-            pd: pa,
-        },
-        Side {
-            qp: qb,
-            cq: cb,
-            pd: pb,
-        },
-    )
+    connect_pair(a, b, (100, 500), timeout, retries)
 }
 
 /// A QP pair with the IB default-ish timeout (14: 67 ms) and 7 retries.
