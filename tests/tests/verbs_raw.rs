@@ -56,13 +56,19 @@ fn send(ctx: &Context, f: &[u8]) {
     }
 }
 
-#[test]
-fn frames_reach_the_handler_whole_and_in_order() {
-    let (a, b) = two_devices();
+/// Makes `b`'s raw handler send each frame it gets down a channel.
+fn collect(b: &Context) -> mpsc::Receiver<Vec<u8>> {
     let (tx, rx) = mpsc::channel::<Vec<u8>>();
     b.set_raw_handler(Some(Box::new(move |f: &[u8]| {
         let _ = tx.send(f.to_vec());
     })));
+    rx
+}
+
+#[test]
+fn frames_reach_the_handler_whole_and_in_order() {
+    let (a, b) = two_devices();
+    let rx = collect(&b);
     let mut sent = Vec::new();
     for (i, len) in [0, 1, 1000, UD_MAX_PAYLOAD].into_iter().enumerate() {
         sent.push(frame(i as u8, len));
@@ -121,10 +127,7 @@ fn without_a_handler_frames_are_dropped_and_counted() {
     let s = b.stats();
     assert_eq!((s.raw_frames, s.raw_dropped), (20, 20));
     // A handler set later sees the frames that come after it, not the dropped ones.
-    let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    b.set_raw_handler(Some(Box::new(move |f: &[u8]| {
-        let _ = tx.send(f.to_vec());
-    })));
+    let rx = collect(&b);
     send(&a, &frame(99, 5));
     assert_eq!(rx.recv_timeout(WAIT).unwrap(), frame(99, 5));
     assert!(rx.try_recv().is_err());
@@ -143,10 +146,7 @@ fn each_frame_reaches_the_handler_once_while_another_thread_holds_the_device() {
     // which the lock was busy handed the previous round's frames over again (a UD receiver
     // got a datagram twice). Another thread polling the device keeps the lock busy.
     let (a, b) = two_devices();
-    let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    b.set_raw_handler(Some(Box::new(move |f: &[u8]| {
-        let _ = tx.send(f.to_vec());
-    })));
+    let rx = collect(&b);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     std::thread::scope(|s| {
         let (b, stop2) = (&b, stop.clone());
