@@ -35,7 +35,7 @@
 
 use std::fmt;
 use std::io;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -348,21 +348,13 @@ impl LinkPort for LoopbackLink {
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
-        let first = match self.incoming.recv_timeout(timeout) {
-            Ok(frame) => frame,
-            // The port holds a sender itself, so the queue never disconnects.
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return Ok(0),
-        };
-        on_frame(&first);
-        let mut delivered = 1;
-        while let Ok(frame) = self.incoming.try_recv() {
-            on_frame(&frame);
-            delivered += 1;
-        }
-        self.sender
-            .stats
-            .add(LinkCounter::FramesReceived, delivered as u64);
-        Ok(delivered)
+        // The port holds a sender itself, so the queue never disconnects.
+        Ok(crate::link::mem::recv_queued(
+            &self.incoming,
+            timeout,
+            on_frame,
+            &self.sender.stats,
+        ))
     }
 
     fn stats(&self) -> &LinkStats {

@@ -149,6 +149,30 @@ impl FrameSender for MemSender {
     }
 }
 
+/// Waits up to `timeout` for the first frame of `incoming`, then takes the ones already
+/// queued (Empty and Disconnected both end the batch; a queue whose sender is held by the
+/// port itself never disconnects, and a disconnect is treated like a timeout); counts them
+/// in `stats` and returns how many `on_frame` saw.
+pub(crate) fn recv_queued(
+    incoming: &Receiver<Vec<u8>>,
+    timeout: Duration,
+    on_frame: &mut dyn FnMut(&[u8]),
+    stats: &LinkStats,
+) -> usize {
+    let first = match incoming.recv_timeout(timeout) {
+        Ok(frame) => frame,
+        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return 0,
+    };
+    on_frame(&first);
+    let mut delivered = 1;
+    while let Ok(frame) = incoming.try_recv() {
+        on_frame(&frame);
+        delivered += 1;
+    }
+    stats.add(LinkCounter::FramesReceived, delivered as u64);
+    delivered
+}
+
 impl LinkPort for MemPort {
     fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
         self.hub.deliver(frames, &self.stats)
@@ -159,22 +183,8 @@ impl LinkPort for MemPort {
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
-        let first = match self.incoming.recv_timeout(timeout) {
-            Ok(frame) => frame,
-            // The hub holds a sender for this port until the port is dropped, so a
-            // disconnect cannot happen here; treat it like a timeout all the same.
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return Ok(0),
-        };
-        on_frame(&first);
-        let mut delivered = 1;
-        // Only what has already arrived: Empty and Disconnected both end the batch.
-        while let Ok(frame) = self.incoming.try_recv() {
-            on_frame(&frame);
-            delivered += 1;
-        }
-        self.stats
-            .add(LinkCounter::FramesReceived, delivered as u64);
-        Ok(delivered)
+        // The hub holds a sender for this port until the port is dropped.
+        Ok(recv_queued(&self.incoming, timeout, on_frame, &self.stats))
     }
 
     fn stats(&self) -> &LinkStats {
