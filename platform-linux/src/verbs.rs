@@ -584,7 +584,7 @@ impl Pd {
             pd: self.clone(),
             _cqs: (send_cq.clone(), recv_cq.clone()),
             qpn,
-            app_psn: Mutex::new((0, 0)),
+            psn_offset: Mutex::new((0, 0)),
         })
     }
 }
@@ -809,13 +809,28 @@ pub struct Endpoint {
     pub psn: u32,
 }
 
+/// PSNs are 24 bits.
+const PSN_MASK: u32 = 0xFF_FFFF;
+
+/// The PSN a connection starts from on the wire for the application's first PSN `app`:
+/// `app` itself, except in 0x7FFFF0..=0xFFFF7F, which the card's receive window cannot take
+/// as a first PSN after a QP reset; those start at 0.
+pub fn wire_psn(app: u32) -> u32 {
+    let app = app & PSN_MASK;
+    if (0x7F_FFF0..=0xFF_FF7F).contains(&app) {
+        0
+    } else {
+        app
+    }
+}
+
 /// A queue pair.
 pub struct Qp {
     pd: Pd,
     _cqs: (Cq, Cq),
     qpn: Qpn,
-    /// The application's (sq_psn, rq_psn); the wire starts at 0 (see [`Qp::modify`]).
-    app_psn: Mutex<(u32, u32)>,
+    /// Application PSN minus wire PSN (mod 2^24), send and receive (see [`Qp::modify`]).
+    psn_offset: Mutex<(u32, u32)>,
 }
 
 impl Qp {
@@ -835,32 +850,34 @@ impl Qp {
 
     /// modify_qp with raw ibv attributes and mask.
     ///
-    /// Every connection's packets start at PSN 0 on the wire, whatever `sq_psn` and
-    /// `rq_psn` say: after a QP reset the card's receive window cannot take a first PSN in
-    /// 0x7FFFF0..=0xFFFF7F (nic-behaviour-review.md P5/P6: the RTL freezes, the emulated NIC
-    /// ignores the packet, so the connection would never complete), and applications such
-    /// as ibv_rc_pingpong pick random PSNs. Both ends run this driver, so they agree. The
-    /// PSNs the application chose are kept: [`Qp::psns`] reports them, advanced by the
-    /// packets sent and received.
+    /// A first PSN the card cannot take after a QP reset (0x7FFFF0..=0xFFFF7F,
+    /// nic-behaviour-review.md P5/P6: the RTL freezes, the emulated NIC ignores the packet,
+    /// so the connection would never complete) is moved to 0 on the wire; any other stays
+    /// as the application chose it (and the 24-bit wrap is crossed as it chose).
+    /// Applications such as ibv_rc_pingpong pick random PSNs. Both ends run this driver
+    /// and map the same exchanged PSN the same way, so they agree. [`Qp::psns`] reports the
+    /// application's numbering.
     pub fn modify(&self, attr: &RawQpAttr, mask: QpAttrMask) -> Result<(), Error> {
         let ctx = &self.pd.0.ctx;
         let mut clock = ctx.clock();
         let mut wire = *attr;
         if mask.contains(QpAttrMask::SQ_PSN) {
-            wire.sq_psn = 0;
+            wire.sq_psn = wire_psn(attr.sq_psn);
         }
         if mask.contains(QpAttrMask::RQ_PSN) {
-            wire.rq_psn = 0;
+            wire.rq_psn = wire_psn(attr.rq_psn);
         }
         ctx.lock()
             .modify_qp(self.qpn, &wire, mask, &mut clock)
             .map_err(err("modify_qp"))?;
-        let mut psn = self.app_psn.lock().unwrap_or_else(|e| e.into_inner());
+        // Application PSN = wire PSN + this offset (mod 2^24).
+        let offset = |app: u32| (app & PSN_MASK).wrapping_sub(wire_psn(app)) & PSN_MASK;
+        let mut psn = self.psn_offset.lock().unwrap_or_else(|e| e.into_inner());
         if mask.contains(QpAttrMask::SQ_PSN) {
-            psn.0 = attr.sq_psn & 0xFF_FFFF;
+            psn.0 = offset(attr.sq_psn);
         }
         if mask.contains(QpAttrMask::RQ_PSN) {
-            psn.1 = attr.rq_psn & 0xFF_FFFF;
+            psn.1 = offset(attr.rq_psn);
         }
         Ok(())
     }
@@ -868,10 +885,10 @@ impl Qp {
     /// The next PSN this QP sends and the next it expects, in the application's numbering
     /// (the `sq_psn` and `rq_psn` it set, advanced by the traffic; see [`Qp::modify`]).
     pub fn psns(&self, slot: &QpSlot) -> (u32, u32) {
-        let (sq, rq) = *self.app_psn.lock().unwrap_or_else(|e| e.into_inner());
+        let (sq, rq) = *self.psn_offset.lock().unwrap_or_else(|e| e.into_inner());
         (
-            sq.wrapping_add(slot.next_psn.get()) & 0xFF_FFFF,
-            rq.wrapping_add(slot.acked_rx.get()) & 0xFF_FFFF,
+            sq.wrapping_add(slot.next_psn.get()) & PSN_MASK,
+            rq.wrapping_add(slot.acked_rx.get()) & PSN_MASK,
         )
     }
 
@@ -1019,6 +1036,29 @@ impl Drop for Qp {
         let mut clock = ctx.clock();
         if let Err(e) = ctx.lock().destroy_qp(self.qpn, &mut clock) {
             log::error!("destroy_qp({:#x}): {e}", self.qpn.get());
+        }
+    }
+}
+
+#[cfg(test)]
+mod psn_tests {
+    use super::wire_psn;
+
+    #[test]
+    fn only_first_psns_the_card_cannot_take_move_to_zero() {
+        for (app, wire) in [
+            (0, 0),
+            (0x7F_FFEF, 0x7F_FFEF),
+            (0x7F_FFF0, 0),
+            (0xAB_CDEF, 0),
+            (0xFF_FF7F, 0),
+            (0xFF_FF80, 0xFF_FF80),
+            // Just before the 24-bit wrap: kept, so the connection crosses it.
+            (0xFF_FFF0, 0xFF_FFF0),
+            // Bits above 24 are not part of a PSN.
+            (0x0100_0005, 5),
+        ] {
+            assert_eq!(wire_psn(app), wire, "first PSN {app:#x}");
         }
     }
 }
