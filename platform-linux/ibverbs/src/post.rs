@@ -145,7 +145,7 @@ impl PostState {
 ///
 /// # Safety
 /// Each SGE's bytes are readable (the verbs contract for the duration of the post).
-unsafe fn gather(sges: &[IbvSge], dst: &mut [u8]) {
+pub(crate) unsafe fn gather(sges: &[IbvSge], dst: &mut [u8]) {
     let mut at = 0;
     for s in sges {
         let n = s.length as usize;

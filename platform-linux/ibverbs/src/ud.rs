@@ -564,12 +564,16 @@ unsafe fn gather(q: &UdQp, wr: &IbvSendWr, frame: &mut [u8]) -> Result<usize, c_
     }
     // SAFETY: a QP's PD lives as long as the QP.
     let pd = unsafe { &*(q.ibv.pd as *const Pd) };
+    let sges: &[IbvSge] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: num_sge entries are readable (checked non-null above).
+        unsafe { std::slice::from_raw_parts(wr.sg_list, n as usize) }
+    };
     let mut len = 0usize;
-    for k in 0..n as usize {
-        // SAFETY: num_sge entries are readable.
-        let s = unsafe { *wr.sg_list.add(k) };
-        let end = len + s.length as usize;
-        if end > UD_MAX_PAYLOAD {
+    for (k, s) in sges.iter().enumerate() {
+        len += s.length as usize;
+        if len > UD_MAX_PAYLOAD {
             log::error!("post_send (UD): more than {UD_MAX_PAYLOAD} bytes (the UD MTU)");
             return Err(libc::EINVAL);
         }
@@ -580,12 +584,10 @@ unsafe fn gather(q: &UdQp, wr: &IbvSendWr, frame: &mut [u8]) -> Result<usize, c_
             );
             return Err(libc::EINVAL);
         }
-        // SAFETY: registered (checked above) or inline bytes the caller lends for the
-        // duration of ibv_post_send.
-        let src = unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
-        frame[len..end].copy_from_slice(src);
-        len = end;
     }
+    // SAFETY: registered (checked above) or inline bytes the caller lends for the duration
+    // of ibv_post_send.
+    unsafe { crate::post::gather(sges, &mut frame[..len]) };
     Ok(len)
 }
 
