@@ -86,6 +86,11 @@ pub struct DeviceSpec {
     /// Emulated card only: add the protection-domain check the real card lacks
     /// (hardware-contract.md correction 10).
     pub strict_pd: bool,
+    /// The PSN every connection of this device starts from on the wire, whatever PSNs the
+    /// application exchanged (see [`Qp::modify`]); both ends of a connection must use the
+    /// same. 0 by default; tests set 0xFFFFF0 to cross the 24-bit wrap. A value in
+    /// 0x7FFFF0..=0xFFFF7F is refused when the device opens (the card cannot take it).
+    pub wire_psn_start: u32,
 }
 
 impl DeviceSpec {
@@ -99,6 +104,7 @@ impl DeviceSpec {
             capacity: Capacity::default(),
             page_size: PageSize::Size2M,
             strict_pd: false,
+            wire_psn_start: 0,
         }
     }
 }
@@ -260,6 +266,14 @@ impl Context {
         link: Box<dyn LinkPort>,
         oob: Option<Box<dyn OobTransport + Send>>,
     ) -> Result<Context, Error> {
+        if !card_takes_first_psn(spec.wire_psn_start) {
+            return Err(Error {
+                op: "open",
+                kind: VerbsError::InvalidArgument {
+                    what: "wire_psn_start in 0x7FFFF0..=0xFFFF7F (the card cannot take it)",
+                },
+            });
+        }
         let card = InProcessCard::start(
             NicConfig {
                 name: spec.name.clone(),
@@ -812,16 +826,11 @@ pub struct Endpoint {
 /// PSNs are 24 bits.
 const PSN_MASK: u32 = 0xFF_FFFF;
 
-/// The PSN a connection starts from on the wire for the application's first PSN `app`:
-/// `app` itself, except in 0x7FFFF0..=0xFFFF7F, which the card's receive window cannot take
-/// as a first PSN after a QP reset; those start at 0.
-pub fn wire_psn(app: u32) -> u32 {
-    let app = app & PSN_MASK;
-    if (0x7F_FFF0..=0xFF_FF7F).contains(&app) {
-        0
-    } else {
-        app
-    }
+/// Whether the card can take `psn` as a connection's first PSN after a QP reset: not in
+/// 0x7FFFF0..=0xFFFF7F (nic-behaviour-review.md P5/P6: the RTL freezes, the emulated NIC
+/// ignores the packet).
+pub fn card_takes_first_psn(psn: u32) -> bool {
+    !(0x7F_FFF0..=0xFF_FF7F).contains(&(psn & PSN_MASK))
 }
 
 /// A queue pair.
@@ -850,28 +859,29 @@ impl Qp {
 
     /// modify_qp with raw ibv attributes and mask.
     ///
-    /// A first PSN the card cannot take after a QP reset (0x7FFFF0..=0xFFFF7F,
-    /// nic-behaviour-review.md P5/P6: the RTL freezes, the emulated NIC ignores the packet,
-    /// so the connection would never complete) is moved to 0 on the wire; any other stays
-    /// as the application chose it (and the 24-bit wrap is crossed as it chose).
-    /// Applications such as ibv_rc_pingpong pick random PSNs. Both ends run this driver
-    /// and map the same exchanged PSN the same way, so they agree. [`Qp::psns`] reports the
-    /// application's numbering.
+    /// Every connection starts on the wire from the device's `wire_psn_start` (0 by
+    /// default), whatever `sq_psn` and `rq_psn` say. Applications such as ibv_rc_pingpong
+    /// pick random PSNs, and the card cannot take a first PSN in 0x7FFFF0..=0xFFFF7F after
+    /// a QP reset. It must also be a constant: a responder that stays in RTR (perftest's
+    /// ib_read_bw server) answers READs from its send PSNs without ever being given an
+    /// `sq_psn`, and the requester must know where those start. Both ends run this driver.
+    /// [`Qp::psns`] reports the application's numbering.
     pub fn modify(&self, attr: &RawQpAttr, mask: QpAttrMask) -> Result<(), Error> {
         let ctx = &self.pd.0.ctx;
         let mut clock = ctx.clock();
+        let start = ctx.spec.wire_psn_start & PSN_MASK;
         let mut wire = *attr;
         if mask.contains(QpAttrMask::SQ_PSN) {
-            wire.sq_psn = wire_psn(attr.sq_psn);
+            wire.sq_psn = start;
         }
         if mask.contains(QpAttrMask::RQ_PSN) {
-            wire.rq_psn = wire_psn(attr.rq_psn);
+            wire.rq_psn = start;
         }
         ctx.lock()
             .modify_qp(self.qpn, &wire, mask, &mut clock)
             .map_err(err("modify_qp"))?;
         // Application PSN = wire PSN + this offset (mod 2^24).
-        let offset = |app: u32| (app & PSN_MASK).wrapping_sub(wire_psn(app)) & PSN_MASK;
+        let offset = |app: u32| (app & PSN_MASK).wrapping_sub(start) & PSN_MASK;
         let mut psn = self.psn_offset.lock().unwrap_or_else(|e| e.into_inner());
         if mask.contains(QpAttrMask::SQ_PSN) {
             psn.0 = offset(attr.sq_psn);
@@ -1042,23 +1052,20 @@ impl Drop for Qp {
 
 #[cfg(test)]
 mod psn_tests {
-    use super::wire_psn;
+    use super::card_takes_first_psn;
 
     #[test]
-    fn only_first_psns_the_card_cannot_take_move_to_zero() {
-        for (app, wire) in [
-            (0, 0),
-            (0x7F_FFEF, 0x7F_FFEF),
-            (0x7F_FFF0, 0),
-            (0xAB_CDEF, 0),
-            (0xFF_FF7F, 0),
-            (0xFF_FF80, 0xFF_FF80),
-            // Just before the 24-bit wrap: kept, so the connection crosses it.
-            (0xFF_FFF0, 0xFF_FFF0),
-            // Bits above 24 are not part of a PSN.
-            (0x0100_0005, 5),
+    fn first_psns_the_card_cannot_take() {
+        for (psn, ok) in [
+            (0, true),
+            (0x7F_FFEF, true),
+            (0x7F_FFF0, false),
+            (0xAB_CDEF, false),
+            (0xFF_FF7F, false),
+            (0xFF_FF80, true),
+            (0xFF_FFF0, true),
         ] {
-            assert_eq!(wire_psn(app), wire, "first PSN {app:#x}");
+            assert_eq!(card_takes_first_psn(psn), ok, "first PSN {psn:#x}");
         }
     }
 }

@@ -23,13 +23,24 @@ pub const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
 
 /// Two emulated devices (`blue0` at [`IP0`], `blue1` at [`IP1`]) on one in-memory hub.
 pub fn two_devices() -> (Context, Context) {
+    two_devices_from(0)
+}
+
+/// [`two_devices`] whose connections start on the wire at PSN `wire_psn_start`
+/// (0xFFFFF0: their traffic crosses the 24-bit wrap).
+pub fn two_devices_from(wire_psn_start: u32) -> (Context, Context) {
     let hub = MemHub::new();
     let open = |name, ip| {
-        Context::open_emulated(DeviceSpec::new(name, ip), Box::new(hub.attach(ip).unwrap()))
-            .unwrap()
+        let mut spec = DeviceSpec::new(name, ip);
+        spec.wire_psn_start = wire_psn_start;
+        Context::open_emulated(spec, Box::new(hub.attach(ip).unwrap())).unwrap()
     };
     (open("blue0", IP0), open("blue1", IP1))
 }
+
+/// The wire PSN of [`two_devices_from`] that makes a connection cross the 24-bit wrap
+/// within its first 16 packets.
+pub const NEAR_WRAP: u32 = 0xFF_FFF0;
 
 /// One end of a connected QP pair: the QP, its CQ (send and receive) and its PD.
 pub struct Side {

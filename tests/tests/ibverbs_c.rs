@@ -156,6 +156,9 @@ fn run(name: &str, bin: &Path, dir: &Path, host: u8) -> Result<(), String> {
     let mut child = Command::new(bin)
         .env("LD_LIBRARY_PATH", dir)
         .env("BLUERDMA_DEVICES", &devices)
+        // Connections start 16 PSNs before the 24-bit wrap on the wire, so every program's
+        // traffic crosses it.
+        .env("BLUERDMA_WIRE_PSN_START", "0xFFFFF0")
         .stdin(Stdio::null())
         .stdout(file(&stdout_path))
         .stderr(file(&stderr_path))

@@ -10,7 +10,8 @@ use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::engine::{RecvWr, SendOp, WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM};
 use bluerdma_core::keys::MrKey;
 use bluerdma_tests::{
-    assert_bytes_eq, assert_untouched, connect_pair, fill_pattern, two_devices, wr, Side, ALL,
+    assert_bytes_eq, assert_untouched, connect_pair, fill_pattern, two_devices, two_devices_from,
+    wr, Side, ALL, NEAR_WRAP,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -136,7 +137,8 @@ fn write_of_16_mib_unaligned() {
 /// consumes none, and the responder's completions follow the requester's posting order.
 #[test]
 fn each_write_with_imm_consumes_one_receive_in_order() {
-    let (a, b) = two_devices();
+    // The devices start every connection 16 PSNs before the 24-bit wrap.
+    let (a, b) = two_devices_from(NEAR_WRAP);
     let (sa, sb) = connect_pair(&a, &b, (0xFF_FFF0, 7), 14, 7);
     let mut src = sa.pd.alloc_mr(64 << 10, ALL).unwrap();
     fill_pattern(src.bytes_mut().unwrap(), 3, 0);

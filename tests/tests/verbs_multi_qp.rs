@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bluerdma_core::engine::{SendOp, WcOpcode, WcStatus, WorkCompletion};
 use bluerdma_linux::Mr;
-use bluerdma_tests::{assert_bytes_eq, assert_untouched, fill_pattern, two_devices, wr, ALL};
+use bluerdma_tests::{
+    assert_bytes_eq, assert_untouched, fill_pattern, two_devices_from, wr, ALL, NEAR_WRAP,
+};
 
 const QPS: usize = 64;
 /// WRs per QP: WRITE, READ, WRITE, READ, ...
@@ -52,17 +54,17 @@ fn chain(k: usize, b: &Buffers) -> Vec<bluerdma_core::engine::SendWr> {
 
 #[test]
 fn sixty_four_qp_pairs_with_interleaved_writes_and_reads() {
-    let (a, b) = two_devices();
+    // Every connection starts on the wire 16 PSNs before the 24-bit wrap, so all 64 QPs'
+    // traffic crosses it (the PSNs each QP exchanges below are the application's labels).
+    let (a, b) = two_devices_from(NEAR_WRAP);
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
     let mut pairs = Vec::new();
     for k in 0..QPS {
         let qa = pa.create_qp(&ca, &ca).unwrap();
         let qb = pb.create_qp(&cb, &cb).unwrap();
-        // Spread the first PSNs; every eighth QP starts just before the 24-bit wrap so its
-        // traffic crosses it. None starts in [0x7F_FFF0, 0xFF_FF80): the card's window,
-        // reset to stride 0xFFFFF by ManageQp, sees such a PSN as stale (nic-behaviour-
-        // review.md P5), and the RTL freezes on it.
+        // Spread the PSNs the application exchanges: they are labels (ibv_query_qp's
+        // numbering); on the wire every connection starts at the devices' NEAR_WRAP.
         let (psn_a, psn_b) = if k % 8 == 7 {
             (0xFF_FFF0 - k as u32, 0xFF_FF80 + k as u32)
         } else {

@@ -281,6 +281,19 @@ impl Ctx {
         let mut spec: DeviceSpec = self.dev.entry.spec();
         spec.name = format!("bluerdma{}", self.dev.index);
         spec.capacity = caps::capacity();
+        // Where every connection starts on the wire (both ends must agree; the C tests use
+        // 0xFFFFF0 to cross the 24-bit wrap).
+        if let Ok(v) = std::env::var("BLUERDMA_WIRE_PSN_START") {
+            let t = v.trim();
+            let parsed = match t.strip_prefix("0x") {
+                Some(hex) => u32::from_str_radix(hex, 16),
+                None => t.parse(),
+            };
+            spec.wire_psn_start = parsed.map_err(|_| {
+                log::error!("BLUERDMA_WIRE_PSN_START=`{v}` is not a PSN");
+                libc::EINVAL
+            })?;
+        }
         let c = Context::open(spec, port).map_err(|err| {
             log::error!(
                 "bluerdma{} ({} at {}): {err}",
