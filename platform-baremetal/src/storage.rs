@@ -2,7 +2,7 @@
 //! allocated, and running out is the engine's `OutOfResources` error.
 
 use bluerdma_core::engine::{
-    CqSlot, EarlyRecv, MrSlot, QpSlot, Slices, Storage, WorkCompletion, Wqe,
+    CqSlot, EarlyRecv, MrSlot, QpSlot, QpTimers, Slices, Storage, WorkCompletion, Wqe,
 };
 
 /// Receive WRs peers may announce for QPs not connected yet (the soft-core has few QPs).
@@ -20,6 +20,7 @@ pub struct StaticStorage<
 > {
     qps: [QpSlot; QPS],
     wqes: [[Wqe; SQ_DEPTH]; QPS],
+    timers: [QpTimers; QPS],
     cqs: [CqSlot; CQS],
     cqes: [[WorkCompletion; CQ_DEPTH]; CQS],
     mrs: [MrSlot; MRS],
@@ -39,6 +40,7 @@ impl<
         Self {
             qps: core::array::from_fn(|_| QpSlot::default()),
             wqes: [[Wqe::default(); SQ_DEPTH]; QPS],
+            timers: [QpTimers::default(); QPS],
             cqs: [CqSlot::default(); CQS],
             cqes: [[WorkCompletion::EMPTY; CQ_DEPTH]; CQS],
             mrs: [MrSlot::default(); MRS],
@@ -72,6 +74,7 @@ impl<
         Slices {
             qps: &mut self.qps,
             wqes: self.wqes.as_flattened_mut(),
+            timers: &mut self.timers,
             cqs: &mut self.cqs,
             cqes: self.cqes.as_flattened_mut(),
             mrs: &mut self.mrs,
@@ -105,6 +108,6 @@ mod tests {
             ),
             (3, 24, 2, 32, 5)
         );
-        assert!(t.qps.iter().all(|q| !q.in_use) && t.mrs.iter().all(|m| !m.in_use));
+        assert!(t.qps.iter().all(|q| !q.in_use()) && t.mrs.iter().all(|m| !m.in_use()));
     }
 }

@@ -1,7 +1,7 @@
 //! Heap storage for the engine's tables on a std host.
 
 use bluerdma_core::engine::{
-    CqSlot, EarlyRecv, MrSlot, QpSlot, Slices, Storage, WorkCompletion, Wqe,
+    CqSlot, EarlyRecv, MrSlot, QpSlot, QpTimers, Slices, Storage, WorkCompletion, Wqe,
 };
 use bluerdma_core::keys::MR_TABLE_LEN;
 
@@ -9,6 +9,7 @@ use bluerdma_core::keys::MR_TABLE_LEN;
 pub struct HeapStorage {
     qps: Vec<QpSlot>,
     wqes: Vec<Wqe>,
+    timers: Vec<QpTimers>,
     cqs: Vec<CqSlot>,
     cqes: Vec<WorkCompletion>,
     mrs: Vec<MrSlot>,
@@ -54,6 +55,7 @@ impl HeapStorage {
         Self {
             qps: vec![QpSlot::default(); c.qps.min(1023)],
             wqes: vec![Wqe::default(); c.qps.min(1023) * c.sq_depth],
+            timers: vec![QpTimers::default(); c.qps.min(1023)],
             cqs: vec![CqSlot::default(); c.cqs],
             cqes: vec![WorkCompletion::EMPTY; c.cqs * c.cq_depth],
             mrs: vec![MrSlot::default(); c.mrs.min(MR_TABLE_LEN as usize)],
@@ -69,6 +71,7 @@ impl Storage for HeapStorage {
         Slices {
             qps: &mut self.qps,
             wqes: &mut self.wqes,
+            timers: &mut self.timers,
             cqs: &mut self.cqs,
             cqes: &mut self.cqes,
             mrs: &mut self.mrs,

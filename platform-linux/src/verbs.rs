@@ -22,7 +22,7 @@ use std::time::Duration;
 use bluerdma_core::addr::{PageSize, VirtAddr};
 use bluerdma_core::desc::{AccessFlags, MacAddr};
 use bluerdma_core::engine::{
-    Device, DeviceConfig, EngineStats, QpSlot, RecvWr, SendWr, VerbsError, WorkCompletion,
+    Device, DeviceConfig, EngineStats, QpAttrs, RecvWr, SendWr, VerbsError, WorkCompletion,
 };
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::platform::{OobTransport, Platform};
@@ -894,11 +894,11 @@ impl Qp {
 
     /// The next PSN this QP sends and the next it expects, in the application's numbering
     /// (the `sq_psn` and `rq_psn` it set, advanced by the traffic; see [`Qp::modify`]).
-    pub fn psns(&self, slot: &QpSlot) -> (u32, u32) {
+    pub fn psns(&self, attrs: &QpAttrs) -> (u32, u32) {
         let (sq, rq) = *self.psn_offset.lock().unwrap_or_else(|e| e.into_inner());
         (
-            sq.wrapping_add(slot.next_psn.get()) & PSN_MASK,
-            rq.wrapping_add(slot.acked_rx.get()) & PSN_MASK,
+            sq.wrapping_add(attrs.sq_psn.get()) & PSN_MASK,
+            rq.wrapping_add(attrs.rq_psn.get()) & PSN_MASK,
         )
     }
 
@@ -985,7 +985,7 @@ impl Qp {
     }
 
     /// The QP's state and attributes.
-    pub fn query(&self) -> Result<QpSlot, Error> {
+    pub fn query(&self) -> Result<QpAttrs, Error> {
         self.pd
             .0
             .ctx

@@ -5,24 +5,21 @@
 use std::vec::Vec;
 
 use super::*;
+use crate::addr::VirtAddr;
+use crate::engine::config::SEND_WINDOW_CAP;
+use crate::engine::requester::packets_of;
+use crate::keys::MrKey;
 use crate::mtu::Pmtu;
+use crate::transport::Chunk;
 use crate::wire::RdmaOpcode;
 
 const RQ_PSN: u32 = 5;
 
-/// A slot as `modify_qp` leaves it at RTR with `rq_psn`.
-fn slot(rq_psn: u32) -> QpSlot {
-    let psn = Psn::from_raw(rq_psn);
-    let mut q = QpSlot {
-        in_use: true,
-        pmtu: Pmtu::Mtu4096,
-        ..QpSlot::default()
-    };
-    q.rx.reset(psn);
-    q.acked_rx = psn;
-    q.next_msg = psn;
-    q.card_fresh = true;
-    record_lost(&mut q, RESET_PHANTOMS);
+/// The responder as `modify_qp` leaves it at RTR with `rq_psn`.
+fn slot(rq_psn: u32) -> Responder {
+    let mut q = Responder::default();
+    q.reset(Psn::from_raw(rq_psn));
+    q.card_reset();
     q
 }
 
@@ -43,22 +40,19 @@ fn info(opcode: RdmaOpcode, psn: u32, total_len: u32, raddr: u64) -> PacketInfo 
     }
 }
 
-/// What `on_report` does with a packet report.
-fn packet(q: &mut QpSlot, p: PacketInfo) {
-    if let Some(m) = note_packet(q, &p) {
-        push_msg(q, m);
-    }
+/// The report intake of a packet (what `on_report` calls).
+fn packet(q: &mut Responder, p: PacketInfo) {
+    q.on_packet(&p);
 }
 
 /// One delivery round of `deliver_and_ack`: the messages completed and the ACK sent.
-fn deliver(q: &mut QpSlot) -> (Vec<MsgEnd>, Psn) {
-    let base = q.rx.advance();
-    let ack = ack_limit(q, base);
+fn deliver(q: &mut Responder) -> (Vec<MsgEnd>, Psn) {
+    let (_, ack) = q.deliverable();
     let mut done = Vec::new();
-    while let Some(m) = next_ready(q, ack) {
+    while let Some(m) = q.next_ready(ack) {
         done.push(m);
     }
-    q.acked_rx = ack;
+    q.set_acked(ack);
     (done, ack)
 }
 

@@ -3,7 +3,8 @@
 
 use core::fmt::{self, Write};
 
-use super::*;
+use super::{Device, Platform, Storage, Timer};
+use crate::time::Instant;
 
 impl<P: Platform, S: Storage> Device<P, S> {
     /// Writes the device's state: rings (head, tail, pending), QPs (state, PSNs, outstanding
@@ -21,9 +22,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
         for (name, head, tail, pending) in [
             (
                 "cmd-request",
-                self.cmd.head().csr(),
-                self.cmd.cached_tail().csr(),
-                self.cmd.pending(),
+                self.commands.request_ring().head().csr(),
+                self.commands.request_ring().cached_tail().csr(),
+                self.commands.request_ring().pending(),
             ),
             (
                 "send",
@@ -44,56 +45,66 @@ impl<P: Platform, S: Storage> Device<P, S> {
             )?;
         }
         for (name, tail) in [
-            ("cmd-response", self.resp.tail().csr()),
+            ("cmd-response", self.commands.response_ring().tail().csr()),
             ("meta-report", self.meta.tail().csr()),
             ("simple-nic-rx", self.sn_rx.tail().csr()),
         ] {
             writeln!(out, "  {name:<14} tail {tail:#06x}")?;
         }
-        let s = self.storage.slices();
         writeln!(out, "queue pairs:")?;
-        for q in s.qps.iter().filter(|q| q.in_use) {
-            let timer = match q.deadline {
-                Some(d) if d >= now => {
-                    let left = d - now;
-                    (left.0 / 1_000) as i64
-                }
+        for i in self.qp_indices() {
+            if !self.qp(i).in_use() {
+                continue;
+            }
+            let deadline = self.timers(i).get(Timer::Retransmit);
+            let timer = match deadline {
+                Some(d) if d >= now => ((d - now).0 / 1_000) as i64,
                 Some(d) => -(((now - d).0 / 1_000) as i64),
                 None => 0,
             };
+            let (len, sent) = (self.sq(i).len(), self.sq(i).sent());
+            let q = self.qp(i);
+            let a = q.attrs;
             writeln!(
                 out,
                 "  qp {:#08x} {} -> {:#08x}@{} pmtu {} | sq: next psn {:#08x} acked {:#08x} wqes {} sent {} timer {} us retries {}/{} | rq: base {:#08x} acked {:#08x} msgs {} recvs {}",
-                q.qpn.get(),
-                q.state,
-                q.dest_qpn.get(),
-                q.peer_ip,
-                q.pmtu.bytes(),
-                q.next_psn.get(),
-                q.acked_psn.get(),
-                q.sq_len,
-                q.sq_sent,
-                if q.deadline.is_some() { timer } else { 0 },
-                q.retries_left,
-                q.retry_cnt,
-                q.rx.base().get(),
-                q.acked_rx.get(),
-                q.msgs.len(),
-                q.recvs.len(),
+                a.qpn.get(),
+                a.state,
+                a.dest_qpn.get(),
+                a.peer_ip,
+                a.pmtu.bytes(),
+                q.req.next_psn().get(),
+                q.req.acked_psn().get(),
+                len,
+                sent,
+                timer,
+                q.req.retries_left(),
+                a.retry_cnt,
+                q.resp.base().get(),
+                q.resp.acked().get(),
+                q.resp.queued(),
+                q.rq.posted(),
             )?;
         }
+        let s = self.storage.slices();
         writeln!(out, "memory regions:")?;
-        for m in s.mrs.iter().filter(|m| m.in_use) {
+        for m in s.mrs.iter().filter(|m| m.pd_in_use().is_some()) {
             writeln!(
                 out,
                 "  key {:#010x} va {:#x} len {} access {:#x} pd {} pgt {}+{}",
-                m.key, m.va, m.len, m.access, m.pd, m.pgt_offset, m.pages
+                m.key.get(),
+                m.va,
+                m.len,
+                m.access.bits(),
+                m.pd,
+                m.pgt_offset,
+                m.pages
             )?;
         }
         writeln!(out, "completion queues:")?;
         for (i, cq) in s.cqs.iter().enumerate().filter(|(_, c)| c.in_use) {
             writeln!(out, "  cq {i} queued {} overruns {}", cq.len, cq.overruns)?;
         }
-        writeln!(out, "counters: {:?}", self.stats)
+        writeln!(out, "counters: {:?}", self.stats())
     }
 }

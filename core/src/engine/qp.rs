@@ -1,0 +1,395 @@
+//! Queue pairs: the slot (IB attributes plus the state of each role), typed indices, and
+//! the verbs that create, modify, query and destroy them. ManageQp goes to the card at
+//! create, at the move to RTR (every ManageQp resets the card's ACK tracking: correction
+//! 5), at RESET and at destroy.
+
+use core::net::Ipv4Addr;
+
+use crate::desc::cmd::{CmdRequest, ManageQp};
+use crate::desc::AccessFlags;
+use crate::keys::Qpn;
+use crate::mac::MacAddr;
+use crate::mtu::Pmtu;
+use crate::qp::{check_modify, QpAccessFlags, QpAttr, QpAttrMask, QpState, QpType, RawQpAttr};
+use crate::time::{Instant, Nanos};
+use crate::transport::Psn;
+
+use super::error::VerbsError;
+use super::recv::RecvQueue;
+use super::requester::Requester;
+use super::responder::Responder;
+use super::storage::{QpTimers, SendQueue};
+use super::{Device, Platform, Storage};
+
+/// A QP's handle: its QPN.
+pub type QpHandle = Qpn;
+
+/// The index of a QP slot in the storage (QP index in the card = slot + 1: index 0 is
+/// reserved by the card).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QpIndex(u16);
+
+impl QpIndex {
+    /// The index of slot `slot`.
+    pub(crate) const fn from_slot(slot: usize) -> Self {
+        QpIndex(slot as u16)
+    }
+
+    /// The slot in the storage tables.
+    pub(crate) const fn slot(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A QP's IB attributes: what `modify_qp` sets and `query_qp` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttrs {
+    /// The QP number.
+    pub qpn: Qpn,
+    /// QP type.
+    pub qp_type: QpType,
+    /// State.
+    pub state: QpState,
+    /// Protection domain.
+    pub pd: u32,
+    /// Send CQ.
+    pub send_cq: u32,
+    /// Receive CQ.
+    pub recv_cq: u32,
+    /// Path MTU.
+    pub pmtu: Pmtu,
+    /// Peer QP.
+    pub dest_qpn: Qpn,
+    /// Peer IPv4 address.
+    pub peer_ip: Ipv4Addr,
+    /// Peer MAC.
+    pub peer_mac: MacAddr,
+    /// Access flags for remote operations.
+    pub access: QpAccessFlags,
+    /// `timeout` (IB exponent; 0 = infinite).
+    pub timeout: u8,
+    /// `retry_cnt`.
+    pub retry_cnt: u8,
+    /// `rnr_retry` (7 = forever).
+    pub rnr_retry: u8,
+    /// `min_rnr_timer` (IB table code).
+    pub min_rnr_timer: u8,
+    /// The next PSN this QP sends (in a query: now; as stored: the `sq_psn` last set).
+    pub sq_psn: Psn,
+    /// The next PSN this QP expects (in a query: now; as stored: the `rq_psn` last set).
+    pub rq_psn: Psn,
+}
+
+impl Default for QpAttrs {
+    /// A QP in RESET. Its ACK timeout and retry count, which IB sets at RTS, start at the
+    /// IB defaults (14 = 67 ms, 7 retries): a responder that stays in RTR (perftest's READ
+    /// server) sends READ responses, and a lost one must be resent.
+    fn default() -> Self {
+        QpAttrs {
+            qpn: Qpn::from_raw(0),
+            qp_type: QpType::Rc,
+            state: QpState::Reset,
+            pd: 0,
+            send_cq: 0,
+            recv_cq: 0,
+            pmtu: Pmtu::Mtu4096,
+            dest_qpn: Qpn::from_raw(0),
+            peer_ip: Ipv4Addr::UNSPECIFIED,
+            peer_mac: MacAddr::BROADCAST,
+            access: QpAccessFlags::empty(),
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 0,
+            sq_psn: Psn::from_raw(0),
+            rq_psn: Psn::from_raw(0),
+        }
+    }
+}
+
+impl QpAttrs {
+    /// The local ACK timeout (`None`: infinite).
+    pub(crate) fn ack_timeout(&self) -> Option<Nanos> {
+        Nanos::ib_local_ack_timeout(self.timeout)
+    }
+
+    /// Connected: RTR or later, not in error.
+    pub(crate) fn connected(&self) -> bool {
+        matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    }
+}
+
+/// A queue pair: its attributes and the state of each role.
+#[derive(Clone, Debug, Default)]
+pub struct QpSlot {
+    in_use: bool,
+    pub(super) attrs: QpAttrs,
+    /// Requester and completer: PSNs, MSN, retries, the send queue's counters.
+    pub(super) req: Requester,
+    /// Responder: what arrived, what was acknowledged, messages waiting for completion.
+    pub(super) resp: Responder,
+    /// Receive WRs posted here and announced by the peer.
+    pub(super) rq: RecvQueue,
+}
+
+impl QpSlot {
+    fn fresh(qpn: Qpn, qp_type: QpType, pd: u32, send_cq: u32, recv_cq: u32) -> Self {
+        QpSlot {
+            in_use: true,
+            attrs: QpAttrs {
+                qpn,
+                qp_type,
+                pd,
+                send_cq,
+                recv_cq,
+                ..QpAttrs::default()
+            },
+            resp: Responder::new(qpn),
+            ..QpSlot::default()
+        }
+    }
+
+    /// Whether the slot holds a QP.
+    pub fn in_use(&self) -> bool {
+        self.in_use
+    }
+
+    /// The attributes with the current PSNs.
+    pub(crate) fn snapshot(&self) -> QpAttrs {
+        QpAttrs {
+            sq_psn: self.req.next_psn(),
+            rq_psn: self.resp.acked(),
+            ..self.attrs
+        }
+    }
+}
+
+impl<P: Platform, S: Storage> Device<P, S> {
+    /// Creates an RC QP in RESET on `pd` with the given CQs; tells the card (ManageQp).
+    pub fn create_qp(
+        &mut self,
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        qp_type: QpType,
+        clock: &mut dyn FnMut() -> Instant,
+    ) -> Result<QpHandle, VerbsError> {
+        self.check_pd(pd)?;
+        if qp_type != QpType::Rc {
+            return Err(VerbsError::Unsupported {
+                what: "QP types other than RC (the card has RC only)",
+            });
+        }
+        let key = self.next_key();
+        let slot = {
+            let s = self.storage.slices();
+            for cq in [send_cq, recv_cq] {
+                if !s.cqs.get(cq as usize).is_some_and(|c| c.in_use) {
+                    return Err(VerbsError::NoSuchObject {
+                        what: "CQ",
+                        handle: cq,
+                    });
+                }
+            }
+            s.qps
+                .iter()
+                .position(|q| !q.in_use)
+                .ok_or(VerbsError::OutOfResources {
+                    what: "queue pairs",
+                })?
+        };
+        let qpn = Qpn::new(slot as u32 + 1, key).ok_or(VerbsError::OutOfResources {
+            what: "queue pairs",
+        })?;
+        let i = QpIndex::from_slot(slot);
+        *self.qp(i) = QpSlot::fresh(qpn, qp_type, pd, send_cq, recv_cq);
+        *self.timers(i) = QpTimers::default();
+        if let Err(e) = self.manage_qp(i, true, clock) {
+            *self.qp(i) = QpSlot::default();
+            return Err(e);
+        }
+        Ok(qpn)
+    }
+
+    /// The slot of the QP `qpn` (a stale or foreign QPN is refused).
+    pub(crate) fn qp_index(&mut self, qpn: Qpn) -> Result<QpIndex, VerbsError> {
+        let slot = (qpn.index() as usize).wrapping_sub(1);
+        match self.storage.slices().qps.get(slot) {
+            Some(q) if q.in_use && q.attrs.qpn == qpn => Ok(QpIndex::from_slot(slot)),
+            _ => Err(VerbsError::NoSuchObject {
+                what: "QP",
+                handle: qpn.get(),
+            }),
+        }
+    }
+
+    /// QP slot `i`.
+    pub(crate) fn qp(&mut self, i: QpIndex) -> &mut QpSlot {
+        let qps = self.storage.slices().qps;
+        &mut qps[i.slot()]
+    }
+
+    /// The timers of QP slot `i`.
+    pub(crate) fn timers(&mut self, i: QpIndex) -> &mut QpTimers {
+        let timers = self.storage.slices().timers;
+        &mut timers[i.slot()]
+    }
+
+    /// The send queue of QP slot `i`.
+    pub(crate) fn sq(&mut self, i: QpIndex) -> SendQueue<'_> {
+        let depth = self.storage.sq_depth();
+        let s = self.storage.slices();
+        SendQueue::new(&mut s.qps[i.slot()].req.sq, s.wqes, i, depth)
+    }
+
+    /// Every QP slot index (in use or not).
+    pub(crate) fn qp_indices(&mut self) -> impl Iterator<Item = QpIndex> {
+        (0..self.storage.slices().qps.len()).map(QpIndex::from_slot)
+    }
+
+    fn manage_qp(
+        &mut self,
+        i: QpIndex,
+        valid: bool,
+        clock: &mut dyn FnMut() -> Instant,
+    ) -> Result<(), VerbsError> {
+        let q = self.qp(i).attrs;
+        // REMOTE_WRITE is always granted in the card: a SEND arrives as a write into the
+        // receive buffer and the card checks REMOTE_WRITE on the QP for it (nic-behaviour.md
+        // 2.3). A remote WRITE still needs REMOTE_WRITE on the target MR, which the card
+        // checks; the QP-level refusal of WRITEs is lost (README, hardware limitations).
+        // READ responses arrive as writes into the requester's buffer: the card checks
+        // LOCAL_WRITE on the QP for them, so it is always granted.
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | if q.access.contains(QpAccessFlags::REMOTE_READ) {
+                AccessFlags::REMOTE_READ
+            } else {
+                AccessFlags::empty()
+            };
+        self.commands.run(
+            &self.regs,
+            CmdRequest::ManageQp(ManageQp {
+                is_valid: valid,
+                is_error: false,
+                pd: q.pd,
+                qpn: q.qpn,
+                peer_qpn: q.dest_qpn,
+                rq_access_flags: access,
+                qp_type: q.qp_type,
+                pmtu: q.pmtu,
+                local_udp_port: (q.qpn.get() & 0xFFFF) as u16,
+                peer_mac: q.peer_mac,
+                peer_ip: q.peer_ip,
+            }),
+            clock,
+        )
+    }
+
+    /// Modifies a QP (IB state machine, attribute table as const data).
+    pub fn modify_qp(
+        &mut self,
+        qpn: QpHandle,
+        raw: &RawQpAttr,
+        mask: QpAttrMask,
+        clock: &mut dyn FnMut() -> Instant,
+    ) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn)?;
+        let attr = QpAttr::decode(raw, mask)?;
+        let QpAttrs { qp_type, state, .. } = self.qp(i).attrs;
+        let cur = attr.cur_qp_state.unwrap_or(state);
+        let next = check_modify(qp_type, state, mask, cur, attr.qp_state.unwrap_or(state))?;
+        apply(self.qp(i), &attr);
+        if next == QpState::Rtr && state != QpState::Rtr {
+            self.manage_qp(i, true, clock)?;
+            // ManageQp reset the card's window: its bits for these PSNs mean nothing.
+            self.qp(i).resp.card_reset();
+        }
+        if next == QpState::Reset && state != QpState::Reset {
+            let a = self.qp(i).attrs;
+            *self.qp(i) = QpSlot::fresh(a.qpn, a.qp_type, a.pd, a.send_cq, a.recv_cq);
+            *self.timers(i) = QpTimers::default();
+            self.manage_qp(i, true, clock)?;
+        }
+        if next == QpState::Err && state != QpState::Err {
+            self.qp(i).attrs.state = QpState::Err;
+            self.flush_qp(i);
+        }
+        self.qp(i).attrs.state = next;
+        if next == QpState::Rtr && state != QpState::Rtr {
+            let now = clock();
+            self.connected(i, now);
+        }
+        Ok(())
+    }
+
+    /// How many of the QP's send WRs have left its send queue (completed, failed or
+    /// flushed, signaled or not) since it was created or reset: a caller that numbers its
+    /// posts knows which of its buffers the card is done with.
+    pub fn sq_retired(&mut self, qpn: QpHandle) -> Result<u64, VerbsError> {
+        let i = self.qp_index(qpn)?;
+        Ok(self.qp(i).req.retired())
+    }
+
+    /// The QP's state and attributes, with its current PSNs.
+    pub fn query_qp(&mut self, qpn: QpHandle) -> Result<QpAttrs, VerbsError> {
+        let i = self.qp_index(qpn)?;
+        Ok(self.qp(i).snapshot())
+    }
+
+    /// Destroys a QP: invalidates it in the card (ManageQp is_valid = 0) before its index
+    /// can be reused; outstanding work is flushed.
+    pub fn destroy_qp(
+        &mut self,
+        qpn: QpHandle,
+        clock: &mut dyn FnMut() -> Instant,
+    ) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn)?;
+        self.manage_qp(i, false, clock)?;
+        self.qp(i).attrs.state = QpState::Err;
+        self.flush_qp(i);
+        *self.qp(i) = QpSlot::default();
+        *self.timers(i) = QpTimers::default();
+        Ok(())
+    }
+}
+
+/// Takes the attributes `attr` carries into the slot (the transition was checked).
+fn apply(q: &mut QpSlot, attr: &QpAttr) {
+    let a = &mut q.attrs;
+    if let Some(v) = attr.path_mtu {
+        a.pmtu = v;
+        q.resp.set_pmtu(v);
+    }
+    if let Some(v) = attr.dest_qpn {
+        a.dest_qpn = v;
+    }
+    if let Some(v) = attr.dest_ipv4 {
+        a.peer_ip = v;
+    }
+    if let Some(v) = attr.access {
+        a.access = v;
+    }
+    if let Some(v) = attr.rq_psn {
+        a.rq_psn = v;
+        q.resp.reset(v);
+    }
+    if let Some(v) = attr.sq_psn {
+        a.sq_psn = v;
+        q.req.reset_psn(v);
+    }
+    if let Some(v) = attr.timeout {
+        a.timeout = v;
+    }
+    if let Some(v) = attr.retry_cnt {
+        a.retry_cnt = v;
+        q.req.reset_retries(v);
+    }
+    if let Some(v) = attr.rnr_retry {
+        a.rnr_retry = v;
+        q.rq.reset_rnr(v);
+    }
+    if let Some(v) = attr.min_rnr_timer {
+        a.min_rnr_timer = v;
+    }
+}

@@ -1,0 +1,426 @@
+//! Receive queues, both ways over the out-of-band channel (oob-channel.md): receive WRs
+//! posted here are announced to the peer once the QP is connected; the peer's announced
+//! WRs wait here for the SENDs that use them (the RNR rules apply while none is there); a
+//! SEND longer than the peer's WR fails both sides through the receive-WR-too-short record.
+
+use core::net::Ipv4Addr;
+
+use crate::desc::AccessFlags;
+use crate::oob::{RecvTooShort, RecvWr as OobRecvWr};
+use crate::platform::{OobEvent, OobTransport};
+use crate::qp::QpState;
+use crate::time::Instant;
+
+use super::cq::push_cqe;
+use super::error::VerbsError;
+use super::qp::{QpHandle, QpIndex};
+use super::storage::{EarlyRecv, Timer};
+use super::wqe::WqeState;
+use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use super::{Device, Platform, Storage};
+
+/// Receive WRs per QP (posted locally, and announced by the peer): perftest posts up to 512.
+pub const RECV_QUEUE: usize = 512;
+
+/// A QP's receive WRs: its own (in the order announced) and the peer's.
+#[derive(Clone, Debug)]
+pub(crate) struct RecvQueue {
+    /// Posted receive WRs, in the order they were announced to the peer.
+    recvs: heapless::Deque<RecvWr, RECV_QUEUE>,
+    /// How many of the newest `recvs` are not announced yet (posted before RTR).
+    to_announce: u32,
+    /// Receive WRs the peer announced, not yet used by a SEND.
+    remote: heapless::Deque<OobRecvWr, RECV_QUEUE>,
+    /// The out-of-band connection to the peer broke after this QP connected: a SEND that
+    /// finds no announced receive WR fails instead of waiting (nothing can announce one).
+    oob_lost: bool,
+    /// RNR retries left (7 = forever).
+    rnr_left: u8,
+}
+
+impl Default for RecvQueue {
+    fn default() -> Self {
+        RecvQueue {
+            recvs: heapless::Deque::new(),
+            to_announce: 0,
+            remote: heapless::Deque::new(),
+            oob_lost: false,
+            rnr_left: 7,
+        }
+    }
+}
+
+impl RecvQueue {
+    /// `rnr_retry` was set.
+    pub(crate) fn reset_rnr(&mut self, n: u8) {
+        self.rnr_left = n;
+    }
+
+    /// The peer's next announced receive WR.
+    pub(crate) fn next_remote(&self) -> Option<OobRecvWr> {
+        self.remote.front().copied()
+    }
+
+    /// A SEND used the peer's next receive WR: the RNR retries refill.
+    pub(crate) fn take_remote(&mut self, rnr_retry: u8) -> Option<OobRecvWr> {
+        self.rnr_left = rnr_retry;
+        self.remote.pop_front()
+    }
+
+    /// The peer can no longer announce receive WRs.
+    pub(crate) fn peer_lost(&self) -> bool {
+        self.oob_lost
+    }
+
+    /// The oldest posted receive WR, to complete.
+    pub(crate) fn pop(&mut self) -> Option<RecvWr> {
+        self.recvs.pop_front()
+    }
+
+    /// The oldest posted receive WR's id.
+    pub(crate) fn oldest(&self) -> Option<u64> {
+        self.recvs.front().map(|r| r.wr_id)
+    }
+
+    /// Receive WRs posted (for dumps).
+    pub(crate) fn posted(&self) -> usize {
+        self.recvs.len()
+    }
+
+    /// Nothing is left to announce (the QP was flushed).
+    pub(crate) fn forget_unannounced(&mut self) {
+        self.to_announce = 0;
+    }
+
+    /// The RNR timer fired: whether another wait is allowed (7 = forever).
+    fn rnr_wait(&mut self, rnr_retry: u8) -> bool {
+        if rnr_retry == 7 {
+            return true;
+        }
+        match self.rnr_left.checked_sub(1) {
+            Some(left) => {
+                self.rnr_left = left;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl<P: Platform, S: Storage> Device<P, S> {
+    /// Posts receive WRs; they are announced to the peer over the out-of-band channel once
+    /// the QP is connected (RTR).
+    pub fn post_recv(&mut self, qpn: QpHandle, wrs: &[RecvWr]) -> Result<(), (usize, VerbsError)> {
+        let i = self.qp_index(qpn).map_err(|e| (0, e))?;
+        for (k, wr) in wrs.iter().enumerate() {
+            let a = self.qp(i).attrs;
+            if wr.len > 0
+                && !self.mr_covers(
+                    wr.lkey,
+                    wr.addr.0,
+                    wr.len,
+                    AccessFlags::LOCAL_WRITE,
+                    Some(a.pd),
+                )
+            {
+                let lkey = wr.lkey.get();
+                return Err((k, VerbsError::LocalProtection { lkey }));
+            }
+            if a.state == QpState::Reset {
+                let e = VerbsError::WrongQpState {
+                    state: a.state,
+                    op: "post_recv",
+                };
+                return Err((k, e));
+            }
+            let rq = &mut self.qp(i).rq;
+            if rq.recvs.push_back(*wr).is_err() {
+                let what = "receive queue";
+                return Err((k, VerbsError::OutOfResources { what }));
+            }
+            if a.state == QpState::Err {
+                // IB: a receive WR posted to a QP in the error state is flushed.
+                self.fail_recv(i, WcStatus::WrFlushErr);
+            } else {
+                rq.to_announce += 1;
+            }
+        }
+        self.announce_recvs(i);
+        Ok(())
+    }
+
+    /// Tells the peer about receive WRs posted since the last announcement, once the QP
+    /// knows its peer (RTR or later). A record the transport cannot take now stays pending.
+    fn announce_recvs(&mut self, i: QpIndex) {
+        let Some(oob) = self.oob.as_mut() else {
+            return;
+        };
+        let q = &mut self.storage.slices().qps[i.slot()];
+        if !q.attrs.connected() {
+            return;
+        }
+        let (qpn, peer) = (q.attrs.qpn, q.attrs.peer_ip);
+        let rq = &mut q.rq;
+        let total = rq.recvs.len() as u32;
+        while rq.to_announce > 0 {
+            let Some(r) = rq.recvs.iter().nth((total - rq.to_announce) as usize) else {
+                rq.to_announce = 0;
+                break;
+            };
+            let rec = OobRecvWr {
+                wr_id: r.wr_id,
+                addr: r.addr.0,
+                length: r.len,
+                lkey: r.lkey.get(),
+                qpn: qpn.get(),
+            };
+            match oob.send(peer, &rec) {
+                Ok(()) => {
+                    rq.to_announce -= 1;
+                    self.stats.recvs_announced += 1;
+                }
+                Err(e) => {
+                    core_warn!("announcing a receive WR to {}: {}", peer, e);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Attaches the out-of-band channel that carries receive WRs between drivers
+    /// (oob-channel.md). Without one, SEND is refused and WRITE_WITH_IMM does not consume
+    /// the peer's receive WRs.
+    pub fn attach_oob(&mut self, oob: P::Oob) {
+        self.oob = Some(oob);
+    }
+
+    /// Takes what arrived on the out-of-band channel: receive WRs go to the QP whose peer
+    /// they come from (held until that QP reaches RTR), a lost peer fails its QPs.
+    pub(crate) fn poll_oob(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        for _ in 0..1024 {
+            let Some(ev) = self.oob.as_mut().and_then(|o| o.poll()) else {
+                break;
+            };
+            any = true;
+            match ev {
+                OobEvent::RecvWr { from, wr } => self.on_remote_recv(from, wr, now),
+                OobEvent::RecvTooShort { from, rec } => self.on_recv_too_short(from, rec),
+                OobEvent::PeerLost { peer } => self.on_peer_lost(peer),
+            }
+        }
+        any
+    }
+
+    /// A receive WR the peer announced: to its QP, or kept until that QP reaches RTR.
+    fn on_remote_recv(&mut self, from: Ipv4Addr, wr: OobRecvWr, now: Instant) {
+        self.stats.recvs_received += 1;
+        if self.deliver_remote_recv(from, wr, now) {
+            return;
+        }
+        self.stats.recvs_early += 1;
+        let early = self.storage.slices().early;
+        if let Some(slot) = early.get_mut(self.early_len) {
+            *slot = EarlyRecv { from, wr };
+            self.early_len += 1;
+        } else {
+            self.stats.recvs_dropped += 1;
+            core_error!(
+                "receive WR for QP {:#x} from {}: no such QP, waiting list of {} full",
+                wr.qpn,
+                from,
+                early.len()
+            );
+        }
+    }
+
+    /// The out-of-band connection to `peer` broke. Only what needs the channel fails: a QP
+    /// with a SEND waiting for the peer's receive WR goes to ERR (its WRs flushed). Others
+    /// keep running, as on a real card when a peer process exits: WRITEs and READs use the
+    /// link, receive WRs stay posted, and a later SEND fails at once.
+    fn on_peer_lost(&mut self, peer: Ipv4Addr) {
+        for i in self.qp_indices() {
+            let a = self.qp(i).attrs;
+            if !self.qp(i).in_use() || a.peer_ip != peer || !a.connected() {
+                continue;
+            }
+            let sq = self.sq(i);
+            let waiting = (sq.sent()..sq.len())
+                .filter_map(|k| sq.get(k))
+                .any(|w| w.needs_recv() && w.state == WqeState::Pending);
+            self.stats.peers_lost += 1;
+            self.qp(i).rq.oob_lost = true;
+            if waiting {
+                self.qp(i).attrs.state = QpState::Err;
+                self.flush_qp(i);
+            }
+        }
+    }
+
+    /// The connected QP (RTR or later) whose peer is QP `peer_qpn` at `from`: where the
+    /// out-of-band records of that peer QP go.
+    fn peer_qp(&mut self, from: Ipv4Addr, peer_qpn: u32) -> Option<QpIndex> {
+        self.storage
+            .slices()
+            .qps
+            .iter()
+            .position(|q| {
+                q.in_use()
+                    && q.attrs.dest_qpn.get() == peer_qpn
+                    && q.attrs.peer_ip == from
+                    && q.attrs.connected()
+            })
+            .map(QpIndex::from_slot)
+    }
+
+    /// Hands an announced receive WR to its QP; false if no connected QP matches.
+    fn deliver_remote_recv(&mut self, from: Ipv4Addr, wr: OobRecvWr, now: Instant) -> bool {
+        let Some(i) = self.peer_qp(from, wr.qpn) else {
+            return false;
+        };
+        let q = self.qp(i);
+        q.rq.oob_lost = false;
+        if q.rq.remote.push_back(wr).is_err() {
+            core_error!(
+                "QP {:#x}: more announced receive WRs than the queue holds",
+                q.attrs.qpn.get()
+            );
+            self.stats.recvs_dropped += 1;
+            return true;
+        }
+        self.timers(i).set(Timer::Rnr, None);
+        self.transmit(i, now);
+        true
+    }
+
+    /// The peer at `from` found the receive WR `rec.wr_id` too short for a SEND of
+    /// `rec.send_len` bytes (it completed the SEND with REM_INV_REQ_ERR and wrote nothing):
+    /// the messages that arrived before it complete first, then that receive WR with
+    /// LOC_LEN_ERR, and the QP goes to ERR with the rest flushed (oob-channel.md).
+    fn on_recv_too_short(&mut self, from: Ipv4Addr, rec: RecvTooShort) {
+        self.stats.recvs_too_short += 1;
+        let Some(i) = self.peer_qp(from, rec.qpn) else {
+            core_error!(
+                "{} found receive WR {:#x} too short for its {}-byte SEND, but no connected QP has peer QP {:#x} there",
+                from,
+                rec.wr_id,
+                rec.send_len,
+                rec.qpn
+            );
+            return;
+        };
+        // The requester tells only when the SEND is its oldest request: the SENDs before it
+        // were acknowledged, so their completions come first.
+        self.deliver_ready(i);
+        let (qpn, head) = (self.qp(i).attrs.qpn.get(), self.qp(i).rq.oldest());
+        match head {
+            Some(head) if head == rec.wr_id => {}
+            Some(head) => core_error!(
+                "QP {:#x}: {} found receive WR {:#x} too short for a {}-byte SEND, but the oldest receive WR is {:#x}; completing {:#x} with LOC_LEN_ERR",
+                qpn,
+                from,
+                rec.wr_id,
+                rec.send_len,
+                head,
+                head
+            ),
+            None => core_error!(
+                "QP {:#x}: {} found receive WR {:#x} too short for a {}-byte SEND, but no receive WR is posted",
+                qpn,
+                from,
+                rec.wr_id,
+                rec.send_len
+            ),
+        }
+        core_warn!(
+            "QP {:#x}: a {}-byte SEND from {} did not fit receive WR {:#x}: LOC_LEN_ERR, QP to ERR",
+            qpn,
+            rec.send_len,
+            from,
+            rec.wr_id
+        );
+        self.fail_recv(i, WcStatus::LocLenErr);
+        self.qp(i).attrs.state = QpState::Err;
+        self.flush_qp(i);
+    }
+
+    /// After QP `i` reached RTR: announce its receive WRs and take the peer's that came
+    /// early.
+    pub(crate) fn connected(&mut self, i: QpIndex, now: Instant) {
+        self.announce_recvs(i);
+        // Deliver in arrival order and compact the rest (kept in order) to the front.
+        let mut kept = 0;
+        for k in 0..self.early_len {
+            let e = self.storage.slices().early[k];
+            if !self.deliver_remote_recv(e.from, e.wr, now) {
+                self.storage.slices().early[kept] = e;
+                kept += 1;
+            }
+        }
+        self.early_len = kept;
+    }
+
+    /// The oldest SEND of QP `i` is longer than the peer's receive WR `r` it was matched
+    /// with: tell the peer (its receive WR fails with LOC_LEN_ERR), then complete the SEND
+    /// with REM_INV_REQ_ERR and move the QP to ERR. Nothing is written.
+    pub(crate) fn send_too_long(&mut self, i: QpIndex, r: &OobRecvWr, send_len: u32) {
+        self.stats.sends_too_long += 1;
+        let q = self.qp(i);
+        q.rq.remote.pop_front();
+        let (peer, qpn) = (q.attrs.peer_ip, q.attrs.qpn.get());
+        let rec = RecvTooShort {
+            wr_id: r.wr_id,
+            send_len,
+            qpn,
+        };
+        if let Some(oob) = self.oob.as_mut() {
+            if let Err(e) = oob.send_too_short(peer, &rec) {
+                core_error!(
+                    "QP {:#x}: cannot tell {} that its receive WR {:#x} is too short for a {}-byte SEND: {}",
+                    qpn,
+                    peer,
+                    r.wr_id,
+                    send_len,
+                    e
+                );
+            }
+        }
+        self.fail_qp(i, WcStatus::RemInvReqErr);
+    }
+
+    /// Completes the oldest receive WR of QP `i` with the error `status` (byte_len 0);
+    /// `false` if none is posted.
+    pub(crate) fn fail_recv(&mut self, i: QpIndex, status: WcStatus) -> bool {
+        let q = self.qp(i);
+        let Some(r) = q.rq.pop() else {
+            return false;
+        };
+        let (qpn, cq) = (q.attrs.qpn, q.attrs.recv_cq);
+        let wc = WorkCompletion {
+            wr_id: r.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num: qpn.get(),
+            src_qp: 0,
+            wc_flags: 0,
+        };
+        let depth = self.storage.cq_depth();
+        push_cqe(&mut self.storage.slices(), depth, &mut self.stats, cq, wc);
+        true
+    }
+
+    /// A SEND waited `min_rnr_timer` for a receive WR: try again, or give up after
+    /// `rnr_retry` waits (7 = wait forever) with RNR_RETRY_EXC_ERR.
+    pub(crate) fn on_rnr_timeout(&mut self, i: QpIndex, now: Instant) {
+        self.stats.rnr_waits += 1;
+        self.timers(i).set(Timer::Rnr, None);
+        let rnr_retry = self.qp(i).attrs.rnr_retry;
+        if !self.qp(i).rq.rnr_wait(rnr_retry) {
+            self.fail_qp(i, WcStatus::RnrRetryExcErr);
+            return;
+        }
+        self.transmit(i, now);
+    }
+}

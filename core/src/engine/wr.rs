@@ -1,0 +1,130 @@
+//! What the application hands the engine and gets back: send and receive work requests, and
+//! work completions (the `ibv_wc_*` values).
+
+use crate::addr::VirtAddr;
+use crate::keys::MrKey;
+
+/// Work-completion status (the `ibv_wc_status` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WcStatus {
+    /// Completed successfully.
+    Success = 0,
+    /// A receive buffer was too small for the SEND.
+    LocLenErr = 1,
+    /// The responder's receive buffer is too small for the SEND.
+    RemInvReqErr = 9,
+    /// A local key or address was invalid.
+    LocProtErr = 4,
+    /// The QP went to the error state before this request completed.
+    WrFlushErr = 5,
+    /// No acknowledgement after `retry_cnt` retransmissions.
+    RetryExcErr = 12,
+    /// The responder had no receive buffer after `rnr_retry` attempts.
+    RnrRetryExcErr = 13,
+}
+
+/// Work-completion opcode (the `ibv_wc_opcode` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// A SEND (or SEND_WITH_IMM) completed.
+    Send = 0,
+    /// An RDMA WRITE (or WRITE_WITH_IMM) completed.
+    RdmaWrite = 1,
+    /// An RDMA READ completed.
+    RdmaRead = 2,
+    /// A receive completed (a SEND arrived).
+    Recv = 128,
+    /// An RDMA WRITE_WITH_IMM arrived.
+    RecvRdmaWithImm = 129,
+}
+
+/// `wc_flags`: IBV_WC_WITH_IMM.
+pub const WC_WITH_IMM: u32 = 2;
+
+/// A work completion, as `poll_cq` returns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (receives and READs).
+    pub byte_len: u32,
+    /// Immediate data (with [`WC_WITH_IMM`]).
+    pub imm_data: u32,
+    /// The local QP.
+    pub qp_num: u32,
+    /// The remote QP (receives).
+    pub src_qp: u32,
+    /// IBV_WC_* flags.
+    pub wc_flags: u32,
+}
+
+impl WorkCompletion {
+    /// An all-zero completion (to initialise caller buffers).
+    pub const EMPTY: WorkCompletion = WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm_data: 0,
+        qp_num: 0,
+        src_qp: 0,
+        wc_flags: 0,
+    };
+}
+
+/// The operation of a send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// RDMA WRITE.
+    Write,
+    /// RDMA WRITE with immediate data.
+    WriteWithImm(u32),
+    /// RDMA READ into the local buffer.
+    Read,
+    /// SEND (needs the out-of-band receive announcements of issue D).
+    Send,
+    /// SEND with immediate data (issue D).
+    SendWithImm(u32),
+}
+
+/// A send work request (one SGE: the card takes one buffer per request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Caller's id, returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Local buffer address.
+    pub laddr: VirtAddr,
+    /// Local buffer length.
+    pub len: u32,
+    /// Local key of the buffer's MR.
+    pub lkey: MrKey,
+    /// Remote address (WRITE, READ).
+    pub raddr: VirtAddr,
+    /// Remote key (WRITE, READ).
+    pub rkey: MrKey,
+    /// Generate a completion on success.
+    pub signaled: bool,
+    /// Set the solicited-event bit.
+    pub solicited: bool,
+}
+
+/// A receive work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Caller's id.
+    pub wr_id: u64,
+    /// Buffer address (0 with no SGE).
+    pub addr: VirtAddr,
+    /// Buffer length.
+    pub len: u32,
+    /// Buffer's lkey.
+    pub lkey: MrKey,
+}
