@@ -94,6 +94,17 @@ impl PageSize {
         let last = start.saturating_add(len - 1);
         (last >> self.shift()) - (start >> self.shift()) + 1
     }
+    /// The bases of the pages from the one that contains `addr` on, in order; `None` where
+    /// a base would pass the end of the address space (every page walk of a
+    /// `MemoryResolver::translate` goes through this).
+    pub fn bases_from(self, addr: u64) -> impl Iterator<Item = Option<VirtAddr>> {
+        let first = self.base_of(addr);
+        (0u64..).map(move |i| {
+            i.checked_mul(self.bytes())
+                .and_then(|off| first.checked_add(off))
+                .map(VirtAddr)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -115,5 +126,19 @@ mod tests {
     fn base_of_masks_low_bits() {
         assert_eq!(PageSize::Size2M.base_of(0x7f12_3460_0040), 0x7f12_3460_0000);
         assert_eq!(PageSize::Size64K.base_of(0x1_2345), 0x1_0000);
+    }
+
+    #[test]
+    fn page_bases_start_at_the_page_of_addr_and_stop_at_the_end_of_memory() {
+        let p = PageSize::Size4K;
+        let got: heapless::Vec<Option<u64>, 3> = p
+            .bases_from(0x1234)
+            .take(3)
+            .map(|b| b.map(|v| v.0))
+            .collect();
+        assert_eq!(got.as_slice(), [Some(0x1000), Some(0x2000), Some(0x3000)]);
+        let mut top = p.bases_from(u64::MAX - 10);
+        assert_eq!(top.next(), Some(Some(VirtAddr(u64::MAX & !0xFFF))));
+        assert_eq!(top.next(), Some(None), "no page past the end");
     }
 }

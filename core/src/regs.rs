@@ -5,6 +5,10 @@
 //! an undecoded access (which ends the RTL simulation and, on hardware, shifts every later
 //! read by one). The emulated NIC uses [`Reg::decode`] to reject anything else loudly.
 
+/// What a read of an undecoded register returns on the hardware (and on the emulated card
+/// and the RTL simulator's CSR channel, which answer the same).
+pub const UNDECODED_READ: u32 = 0xAAAA_AAAA;
+
 /// Number of send/meta-report channels the current RTL decodes (correction 2).
 pub const DECODED_CHANNELS: u8 = 1;
 /// Largest number of channels the register map has room for (0x40 apart).

@@ -41,13 +41,8 @@ impl MemoryResolver for IdentityMemory {
         page: PageSize,
         out: &mut [DeviceAddr],
     ) -> Result<(), PlatformError> {
-        let first = page.base_of(va.0);
-        for (i, slot) in out.iter_mut().enumerate() {
-            let addr = (i as u64)
-                .checked_mul(page.bytes())
-                .and_then(|off| first.checked_add(off))
-                .ok_or(PlatformError::NotMapped { va })?;
-            *slot = DeviceAddr(addr);
+        for (slot, base) in out.iter_mut().zip(page.bases_from(va.0)) {
+            *slot = DeviceAddr(base.ok_or(PlatformError::NotMapped { va })?.0);
         }
         Ok(())
     }

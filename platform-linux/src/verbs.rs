@@ -548,17 +548,24 @@ impl Pd {
         access: AccessFlags,
     ) -> Result<Mr, Error> {
         let ctx = &self.0.ctx;
-        let key = {
-            let mut clock = ctx.clock();
-            ctx.lock()
-                .reg_mr(
-                    self.0.pd,
-                    VirtAddr(addr as u64),
-                    len as u64,
-                    access,
-                    &mut clock,
-                )
-                .map_err(err("reg_mr"))?
+        // The card writes the page table in steps; the device lock is held for each step,
+        // not for the whole registration (a 1 GiB MR takes many commands), so other threads
+        // post and poll meanwhile. The progress thread moves the job on too.
+        let pending = ctx
+            .lock()
+            .reg_mr_start(
+                self.0.pd,
+                VirtAddr(addr as u64),
+                len as u64,
+                access,
+                ctx.now(),
+            )
+            .map_err(err("reg_mr"))?;
+        let key = loop {
+            if let Some(r) = ctx.lock().reg_mr_poll(pending, ctx.now()) {
+                break r.map_err(err("reg_mr"))?;
+            }
+            std::thread::yield_now();
         };
         Ok(Mr {
             pd: self.clone(),
@@ -823,8 +830,7 @@ pub struct Endpoint {
     pub psn: u32,
 }
 
-/// PSNs are 24 bits.
-const PSN_MASK: u32 = 0xFF_FFFF;
+use bluerdma_core::transport::PSN_MASK;
 
 /// Whether the card can take `psn` as a connection's first PSN after a QP reset: not in
 /// 0x7FFFF0..=0xFFFF7F (nic-behaviour-review.md P5/P6: the RTL freezes, the emulated NIC

@@ -14,8 +14,7 @@ use crate::mem::{AddressMap, HostDma, HostMemory};
 use crate::model::regs::RegisterFile;
 use crate::model::{Nic, NicConfig};
 
-/// What a read of an undecoded register returns on hardware.
-pub const UNDECODED_READ: u32 = 0xAAAA_AAAA;
+pub use bluerdma_core::regs::UNDECODED_READ;
 
 /// Register access to an in-process card: a call, not a socket.
 #[derive(Clone)]

@@ -4,7 +4,7 @@
 //!
 //! It owns the six rings of channel 0, the simple-NIC RX buffer and a PGT staging buffer,
 //! and turns commands into synchronous calls with a timeout (an unanswered command is an
-//! error, never a hang: correction 4).
+//! error, never a hang: correction 4) through the engine's command queue.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
 use bluerdma_core::desc::cmd::{
-    CmdRequest, CmdResponse, ManageQp, SetNetworkParam, SetRawPacketReceiveMeta, UpdateMrTable,
+    CmdRequest, ManageQp, SetNetworkParam, SetRawPacketReceiveMeta, UpdateMrTable,
 };
 use bluerdma_core::desc::meta::MetaReport;
 use bluerdma_core::desc::pgt::{stage_pgt_update, DRIVER_ENTRIES_PER_UPDATE};
 use bluerdma_core::desc::send::SendRequest;
 use bluerdma_core::desc::simple_nic::{SimpleNicRx, SimpleNicTx, RX_BUFFER_SIZE, RX_SLOT_SIZE};
 use bluerdma_core::desc::{AccessFlags, MacAddr, QpType, RawDesc};
+use bluerdma_core::engine::{CommandQueue, VerbsError};
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::mtu::Pmtu;
 use bluerdma_core::platform::{DmaAllocator, DmaBuffer, MemoryResolver, RegisterAccess};
@@ -27,6 +28,7 @@ use bluerdma_core::regs::{RingId, DECODED_CHANNELS};
 use bluerdma_core::ring::{
     ConsumerRing, Popped, ProducerRing, RingMemory, RingRegs, RING_ALIGN, RING_BYTES,
 };
+use bluerdma_core::time::{Instant as CoreInstant, Nanos};
 
 /// What went wrong in a raw-ring operation.
 #[derive(Debug)]
@@ -72,6 +74,17 @@ impl From<bluerdma_core::platform::PlatformError> for RawError {
     }
 }
 
+impl From<VerbsError> for RawError {
+    fn from(e: VerbsError) -> Self {
+        match e {
+            VerbsError::CommandTimeout { op } => RawError::CommandTimeout { op },
+            VerbsError::CommandFailed { op } => RawError::CommandFailed { op },
+            VerbsError::Busy { .. } => RawError::Full,
+            other => RawError::Ring(other.to_string()),
+        }
+    }
+}
+
 impl From<bluerdma_core::desc::DescError> for RawError {
     fn from(e: bluerdma_core::desc::DescError) -> Self {
         RawError::Desc(e)
@@ -87,8 +100,9 @@ fn ring_regs(id: RingId) -> RingRegs {
 pub struct RawDriver<R: RegisterAccess, D: DmaAllocator> {
     regs: R,
     dma: D,
-    cmd: ProducerRing,
-    resp: ConsumerRing,
+    commands: CommandQueue,
+    /// The time base of the command queue's deadlines.
+    epoch: Instant,
     send: ProducerRing,
     meta: ConsumerRing,
     sn_tx: ProducerRing,
@@ -96,7 +110,6 @@ pub struct RawDriver<R: RegisterAccess, D: DmaAllocator> {
     rx_buffer: DmaBuffer,
     staging: DmaBuffer,
     tx_frame: DmaBuffer,
-    next_tag: u8,
     /// How long a command may take.
     pub command_timeout: Duration,
 }
@@ -126,8 +139,8 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
         Ok(Self {
             regs,
             dma,
-            cmd,
-            resp,
+            commands: CommandQueue::new(cmd, resp, Nanos::from_millis(2_000)),
+            epoch: Instant::now(),
             send,
             meta,
             sn_tx,
@@ -135,7 +148,6 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
             rx_buffer,
             staging,
             tx_frame,
-            next_tag: 0,
             command_timeout: Duration::from_secs(2),
         })
     }
@@ -146,35 +158,18 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
     }
 
     /// Sends a command and waits for its response (matched by user_data).
-    pub fn command(&mut self, req: CmdRequest) -> Result<CmdResponse, RawError> {
-        let op = match req {
-            CmdRequest::UpdateMrTable(_) => "UpdateMrTable",
-            CmdRequest::UpdatePgt(_) => "UpdatePgt",
-            CmdRequest::ManageQp(_) => "ManageQp",
-            CmdRequest::SetNetworkParam(_) => "SetNetworkParam",
-            CmdRequest::SetRawPacketReceiveMeta(_) => "SetRawPacketReceiveMeta",
-        };
-        let tag = self.next_tag;
-        self.next_tag = self.next_tag.wrapping_add(1);
-        self.push_command(&req.encode(tag))?;
-        let deadline = Instant::now() + self.command_timeout;
+    pub fn command(&mut self, req: CmdRequest) -> Result<(), RawError> {
+        let now = |epoch: Instant| CoreInstant(epoch.elapsed().as_nanos() as u64);
+        self.commands
+            .set_timeout(Nanos(self.command_timeout.as_nanos() as u64));
+        let t = self
+            .commands
+            .submit(&self.regs, req, now(self.epoch))
+            .map_err(RawError::from)?;
         loop {
-            while let Some(p) = self.resp.pop() {
-                if let Popped::One(d) = p {
-                    let r = CmdResponse::decode(&d)?;
-                    if r.user_data == tag {
-                        self.resp.sync_tail(&self.regs);
-                        return if r.is_success {
-                            Ok(r)
-                        } else {
-                            Err(RawError::CommandFailed { op })
-                        };
-                    }
-                }
-            }
-            self.resp.sync_tail(&self.regs);
-            if Instant::now() >= deadline {
-                return Err(RawError::CommandTimeout { op });
+            self.commands.poll(&self.regs);
+            if let Some(r) = self.commands.check(t, now(self.epoch)) {
+                return r.map_err(RawError::from);
             }
             thread::sleep(Duration::from_micros(20));
         }
@@ -182,8 +177,8 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
 
     /// Pushes a raw command descriptor (tests use it for malformed requests).
     pub fn push_command(&mut self, d: &RawDesc) -> Result<(), RawError> {
-        self.cmd
-            .push_batch(&self.regs, &[*d])
+        self.commands
+            .push_raw(&self.regs, d)
             .map_err(|_| RawError::Full)
     }
 
@@ -274,7 +269,7 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
         peer_mac: MacAddr,
         access: AccessFlags,
         pmtu: Pmtu,
-    ) -> Result<CmdResponse, RawError> {
+    ) -> Result<(), RawError> {
         self.command(CmdRequest::ManageQp(ManageQp {
             is_valid: valid,
             is_error: false,

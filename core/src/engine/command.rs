@@ -201,6 +201,11 @@ impl CommandQueue {
         }
     }
 
+    /// How long each command submitted from now on may take.
+    pub fn set_timeout(&mut self, timeout: Nanos) {
+        self.timeout = timeout;
+    }
+
     /// Commands submitted and not ended.
     pub fn in_flight(&self) -> usize {
         self.slots

@@ -16,4 +16,4 @@ pub mod psn;
 pub use bitmap::{card_bitmap_base, PsnBitmap};
 pub use fragmenter::{num_packets, Chunk, FragmentError, Fragmenter, PacketFragmenter, WrSpan};
 pub use msn::Msn;
-pub use psn::{Psn, PsnRange};
+pub use psn::{Psn, PsnRange, PSN_MASK};

@@ -23,34 +23,19 @@ use std::io;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 
-use bluerdma_core::desc::simple_nic::RX_BUFFER_SIZE;
+use bluerdma_core::engine::OPEN_BUFFERS;
 use bluerdma_core::platform::{DmaAllocator, DmaBuffer, PlatformError};
-use bluerdma_core::ring::{RING_ALIGN, RING_BYTES};
 
 use crate::umem::UmemError;
 
-/// The buffers the core allocates when it opens a device, as (length, alignment), in its
-/// order: six 128 KiB rings, the 2 MiB simple-NIC receive buffer (2 MiB aligned), the PGT
-/// staging buffer, and 4096 ACK frame slots of 128 bytes (`Device::open` in the core).
-pub const OPEN_BUFFERS: [(usize, usize); 9] = [
-    (RING_BYTES, RING_ALIGN),
-    (RING_BYTES, RING_ALIGN),
-    (RING_BYTES, RING_ALIGN),
-    (RING_BYTES, RING_ALIGN),
-    (RING_BYTES, RING_ALIGN),
-    (RING_BYTES, RING_ALIGN),
-    (RX_BUFFER_SIZE as usize, 2 << 20),
-    (4096, 4096),
-    (128 * 4096, 4096),
-];
-
-/// Whether [`OPEN_BUFFERS`] fit, first-fit, in a contiguous block of `len` bytes at device
+/// Whether the buffers the engine allocates when it opens a device
+/// ([`bluerdma_core::engine::OPEN_BUFFERS`]) fit, first-fit, in a contiguous block of `len` bytes at device
 /// address `base`.
 pub fn open_buffers_fit(base: u64, len: usize) -> bool {
     let mut free = arena::Extents::new(len);
     OPEN_BUFFERS
         .iter()
-        .all(|&(l, a)| free.take(base, l, a).is_some())
+        .all(|need| free.take(base, need.len, need.align).is_some())
 }
 
 /// Why DMA memory could not be set up. The text says what to run.

@@ -243,8 +243,11 @@ impl HostUmem {
         let bp = self.pagemap.base_page();
         if page.bytes() < bp {
             // Translation pages smaller than a base page (4 KiB on a 64 KiB kernel).
-            for (i, slot) in out.iter_mut().enumerate() {
-                let page_va = VirtAddr(first + i as u64 * page.bytes());
+            for (slot, base) in out.iter_mut().zip(page.bases_from(first)) {
+                let page_va = base.ok_or(UmemError::NotContiguous {
+                    va: VirtAddr(first),
+                    page,
+                })?;
                 *slot = self.pagemap.device_addr(page_va)?;
             }
             return Ok(());

@@ -120,10 +120,8 @@ impl MemoryResolver for HostMemory {
         page: PageSize,
         out: &mut [DeviceAddr],
     ) -> Result<(), PlatformError> {
-        let first = page.base_of(va.0);
-        for (i, slot) in out.iter_mut().enumerate() {
-            let page_va = first + i as u64 * page.bytes();
-            *slot = device_addr_of(page_va);
+        for (slot, base) in out.iter_mut().zip(page.bases_from(va.0)) {
+            *slot = device_addr_of(base.ok_or(PlatformError::NotMapped { va })?.0);
         }
         Ok(())
     }

@@ -37,8 +37,7 @@ pub const CSR_BASE_PORT: u16 = 7700;
 /// is broken.
 pub const DEAD_DEVICE_READ: u32 = 0xFFFF_FFFF;
 
-/// What the card returns for a read of an address it does not decode.
-pub const UNDECODED_READ: u32 = 0xAAAA_AAAA;
+pub use bluerdma_core::regs::UNDECODED_READ;
 
 /// The CSR port of simulator instance `inst` (the one-card loopback bench is instance 1).
 pub const fn csr_port(inst: u8) -> u16 {

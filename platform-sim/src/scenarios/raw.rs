@@ -30,7 +30,7 @@ const GUARD: usize = 4096;
 /// Remote offsets of [`WriteCase`] count from a boundary of this many bytes.
 const PAGE: usize = 4096;
 /// PSNs are 24 bits.
-const PSN_MASK: u32 = 0x00FF_FFFF;
+use bluerdma_core::transport::PSN_MASK;
 
 /// One WRITE: `len` bytes from `local_offset` into the source buffer to `remote_offset`
 /// into the destination buffer, first PSN `psn`, at `pmtu`.
