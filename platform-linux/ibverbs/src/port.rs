@@ -116,6 +116,31 @@ fn port_attr() -> IbvPortAttr {
     }
 }
 
+/// Writes the first `len` bytes of `v` (all of it at most) to `dst`: the part of a
+/// structure that fits the size an older or newer caller passes.
+///
+/// # Safety
+/// `dst` has `len` writable bytes.
+unsafe fn write_sized<T>(v: &T, dst: *mut u8, len: usize) {
+    let n = len.min(size_of::<T>());
+    // SAFETY: `v` has `size_of::<T>()` readable bytes; the caller's contract for `dst`.
+    unsafe { ptr::copy_nonoverlapping(v as *const T as *const u8, dst, n) };
+}
+
+/// The port's attributes into the caller's `len` bytes at `attr`.
+///
+/// # Safety
+/// `ctx` is NULL or an open context; `attr` is NULL or has `len` writable bytes.
+unsafe fn query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPortAttr, len: usize) -> c_int {
+    // SAFETY: the caller passes an open context.
+    if unsafe { Ctx::from_ibv(ctx) }.is_none() || attr.is_null() || port != 1 {
+        return libc::EINVAL;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { write_sized(&port_attr(), attr as *mut u8, len) };
+    0
+}
+
 /// The IBVERBS_1.1 entry: writes the 48-byte compat structure only.
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_query_port(
@@ -123,23 +148,8 @@ pub unsafe extern "C" fn bv_ibv_query_port(
     port: u8,
     attr: *mut IbvPortAttr,
 ) -> c_int {
-    // SAFETY: the caller passes an open context.
-    if unsafe { Ctx::from_ibv(ctx) }.is_none() || attr.is_null() {
-        return libc::EINVAL;
-    }
-    if port != 1 {
-        return libc::EINVAL;
-    }
-    let a = port_attr();
     // SAFETY: the caller passes at least the 48-byte compat structure.
-    unsafe {
-        ptr::copy_nonoverlapping(
-            &a as *const IbvPortAttr as *const u8,
-            attr as *mut u8,
-            COMPAT_PORT_ATTR_LEN,
-        )
-    };
-    0
+    unsafe { query_port(ctx, port, attr, COMPAT_PORT_ATTR_LEN) }
 }
 
 /// `verbs_context.query_port`, which the inline `ibv_query_port` calls with the caller's
@@ -150,17 +160,11 @@ pub(crate) unsafe extern "C" fn ext_query_port(
     attr: *mut IbvPortAttr,
     len: usize,
 ) -> c_int {
-    // SAFETY: the caller passes an open context.
-    if unsafe { Ctx::from_ibv(ctx) }.is_none() || attr.is_null() || port != 1 {
-        return libc::EINVAL;
-    }
-    let a = port_attr();
-    let n = len.min(size_of::<IbvPortAttr>());
     // SAFETY: the caller passes `len` writable bytes.
-    unsafe { ptr::copy_nonoverlapping(&a as *const IbvPortAttr as *const u8, attr as *mut u8, n) };
-    0
+    unsafe { query_port(ctx, port, attr, len) }
 }
 
+/// The GID at `index` of the table (see [`GID_TABLE_LEN`]).
 fn gid_at(d: &Device, index: c_int) -> Option<[u8; 16]> {
     matches!(index, 0 | 3).then(|| d.gid())
 }
@@ -233,9 +237,8 @@ pub unsafe extern "C" fn bv__ibv_query_gid_ex(
     let Some(e) = gid_entry(c.dev, index) else {
         return libc::ENODATA;
     };
-    let n = entry_size.min(size_of::<IbvGidEntry>());
     // SAFETY: the caller passes `entry_size` writable bytes.
-    unsafe { ptr::copy_nonoverlapping(&e as *const IbvGidEntry as *const u8, entry as *mut u8, n) };
+    unsafe { write_sized(&e, entry as *mut u8, entry_size) };
     0
 }
 
@@ -254,7 +257,6 @@ pub unsafe extern "C" fn bv__ibv_query_gid_table(
     if flags != 0 || (entries.is_null() && max_entries > 0) {
         return -(libc::EINVAL as isize);
     }
-    let n = entry_size.min(size_of::<IbvGidEntry>());
     let mut out = 0usize;
     for index in 0..GID_TABLE_LEN {
         let Some(e) = gid_entry(c.dev, index) else {
@@ -264,13 +266,7 @@ pub unsafe extern "C" fn bv__ibv_query_gid_table(
             return -(libc::EINVAL as isize);
         }
         // SAFETY: the caller passes `max_entries` entries of `entry_size` bytes.
-        unsafe {
-            ptr::copy_nonoverlapping(
-                &e as *const IbvGidEntry as *const u8,
-                entries.add(out * entry_size),
-                n,
-            )
-        };
+        unsafe { write_sized(&e, entries.add(out * entry_size), entry_size) };
         out += 1;
     }
     out as isize

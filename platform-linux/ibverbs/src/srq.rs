@@ -33,7 +33,7 @@ use crate::errors::null;
 use crate::handle::free;
 
 /// Receive WRs of the pool each attached QP keeps posted.
-pub(crate) const SHARE: u32 = 16;
+const SHARE: u32 = 16;
 
 /// A QP attached to an SRQ.
 struct Member {
@@ -51,6 +51,7 @@ struct State {
     pool: VecDeque<RecvWr>,
     members: HashMap<u32, Member>,
 }
+
 /// The part of an SRQ its QPs and CQ polls share: the pool and the attached QPs.
 pub(crate) struct SrqPool {
     state: Mutex<State>,
