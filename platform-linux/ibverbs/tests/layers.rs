@@ -47,12 +47,24 @@ fn each_module_uses_only_the_layers_below_it() {
     let files: BTreeSet<String> = std::fs::read_dir(&src)
         .expect("src/")
         .flatten()
-        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".rs").map(String::from))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".rs")
+                .map(String::from)
+        })
         .filter(|m| m != "lib")
         .collect();
     let named: BTreeSet<String> = order.iter().cloned().collect();
-    assert_eq!(named.len(), order.len(), "a module is listed twice: {order:?}");
-    assert_eq!(named, files, "lib.rs's layer list and src/ name other modules");
+    assert_eq!(
+        named.len(),
+        order.len(),
+        "a module is listed twice: {order:?}"
+    );
+    assert_eq!(
+        named, files,
+        "lib.rs's layer list and src/ name other modules"
+    );
     let mut problems = Vec::new();
     for (at, module) in order.iter().enumerate() {
         let text = std::fs::read_to_string(src.join(format!("{module}.rs"))).expect("module");
@@ -73,7 +85,8 @@ fn each_module_uses_only_the_layers_below_it() {
 
 #[test]
 fn the_checker_sees_upward_uses() {
-    let lib = "//! 1. A:\n//!    - [`abi`]: x.\n//!    - `low`: y.\n//! 2. B:\n//!    - `high`: z.\n";
+    let lib =
+        "//! 1. A:\n//!    - [`abi`]: x.\n//!    - `low`: y.\n//! 2. B:\n//!    - `high`: z.\n";
     assert_eq!(listed(lib), ["abi", "low", "high"]);
     let src = "use crate::abi::*;\nuse crate::{high, low::X};\nfn f() { crate::errors::fail(); }";
     let got: Vec<String> = uses(src).into_iter().collect();
