@@ -644,6 +644,11 @@ pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_SEND_SOLICITED: u32 = 4;
 pub const IBV_SEND_INLINE: u32 = 8;
 
+/// `wc_flags`: the receive buffer starts with a GRH area.
+pub const IBV_WC_GRH: u32 = 1;
+/// The GRH area before a UD receive's payload (`struct ibv_grh`).
+pub const GRH_LEN: usize = size_of::<IbvGrh>();
+
 /// `struct ibv_srq` (128 bytes).
 #[repr(C)]
 pub struct IbvSrq {

@@ -9,96 +9,92 @@
 //!   `ibv_devinfo` works while another process uses the device.
 //! - The port is RoCE: Ethernet link layer, ACTIVE, LID 0, GID 0 and 3 are the device's
 //!   IPv4-mapped address (RoCE v2). Connect QPs with a GID (`ibv_rc_pingpong -g 0`).
-//! - RC QPs with one SGE per work request: RDMA WRITE (with immediate), READ, SEND (with
-//!   immediate); completion channels; shared receive queues; UD QPs and address handles
-//!   (`ud.rs`: datagrams of up to 1978 bytes through the simple NIC). Everything else the
+//! - RC QPs with up to 6 SGEs per send request: RDMA WRITE (with immediate), READ, SEND
+//!   (with immediate); completion channels; shared receive queues; UD QPs and address
+//!   handles (datagrams of up to 1978 bytes through the simple NIC). Everything else the
 //!   installed libibverbs exports is present (programs and provider libraries are
 //!   BIND_NOW) and fails with EOPNOTSUPP and a log line when called.
 //! - `BLUERDMA_LOG=error|warn|info|debug` sets what is printed on stderr (default warn).
 //!
 //! The exported names and version nodes come from the installed libibverbs at build time
 //! (see build.rs); the structures' layout is checked at compile time ([`abi`]).
+//!
+//! # Layers
+//!
+//! Each module uses only modules of the layers above it in this list (and earlier ones of
+//! its own layer); none reaches up.
+//!
+//! 1. The C ABI and how a verb fails:
+//!    - [`abi`]: the structures and constants of `<infiniband/verbs.h>`, offsets checked.
+//!    - `errors`: errno, the engine error -> errno map, NULL and `bad_wr` reporting.
+//!    - `logging`: the stderr logger (`BLUERDMA_LOG`).
+//!    - `handle`: verb objects are boxes whose first field is the `ibv_*` structure.
+//!    - `sge`: reading scatter/gather lists and copying their bytes.
+//!    - `caps`: the device's limits, reported and enforced.
+//!    - `names`: the `*_str` verbs and the static rate conversions.
+//!    - `stubs`: the exported verbs this library does not implement (build.rs lists them).
+//! 2. The device table:
+//!    - `device`: the devices of this process and the device-list verbs.
+//!    - `context`: an opened device, the emulated card it starts, async events.
+//!    - `port`: the device, port, GID and P_Key queries.
+//! 3. Objects:
+//!    - `pd`: protection domains and their table of registered regions.
+//!    - `mr`: memory regions (and the fork verbs).
+//!    - `channel`: completion channels.
+//!    - `srq`: shared receive queues: the pool, the QPs it feeds, the SRQ verbs.
+//!    - `cq`: completion queues and their channel events.
+//!    - `qp_base`: what RC and UD QPs share (type, CQs, initial `ibv_qp`).
+//!    - `rc_rings`: an RC QP's inline and gather rings.
+//!    - `rc_qp`: RC QPs: create, modify, query (the one reader of the engine's QP query).
+//!    - `ah`: address handles.
+//!    - `ud_rx`: the UD receive side: the per-engine frame dispatcher, a QP's receive queue.
+//!    - `ud_qp`: UD QPs: create, modify, query.
+//! 4. The post and poll paths:
+//!    - `rc_post`: ibv_post_send (split, gathered, inline) and ibv_post_recv on RC QPs.
+//!    - `srq_post`: ibv_post_srq_recv.
+//!    - `ud_post`: ibv_post_send (one datagram each) and ibv_post_recv on UD QPs.
+//!    - `poll`: ibv_poll_cq and ibv_req_notify_cq.
+//! 5. The entries that choose between RC and UD:
+//!    - `qp`: the QP verbs (create, destroy, modify, query).
+//!    - `ops`: ibv_open_device / ibv_close_device and the context's function tables.
 
 // Exported functions take raw pointers from C callers; each documents its contract in the
 // verbs man pages rather than in Rust `# Safety` sections.
 #![allow(clippy::missing_safety_doc)]
 
+// 1. The C ABI and how a verb fails.
 pub mod abi;
-mod device;
-mod objects;
-mod post;
-mod srq;
+mod caps;
+mod errors;
+mod handle;
+mod logging;
+mod names;
+mod sge;
 mod stubs;
-mod ud;
-
-use core::ffi::c_int;
+// 2. The device table.
+mod context;
+mod device;
+mod port;
+// 3. Objects.
+mod ah;
+mod channel;
+mod cq;
+mod mr;
+mod pd;
+mod qp_base;
+mod rc_qp;
+mod rc_rings;
+mod srq;
+mod ud_qp;
+mod ud_rx;
+// 4. The post and poll paths.
+mod poll;
+mod rc_post;
+mod srq_post;
+mod ud_post;
+// 5. The entries that choose between RC and UD.
+mod ops;
+mod qp;
 
 std::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
 include!(concat!(env!("OUT_DIR"), "/stubs.rs"));
-
-/// Sets `errno` for the calling thread.
-pub(crate) fn set_errno(e: c_int) {
-    // SAFETY: __errno_location returns the calling thread's errno slot.
-    unsafe { *libc::__errno_location() = e };
-}
-
-/// The errno for an engine error.
-pub(crate) fn errno_of(e: &bluerdma_linux::verbs::Error) -> c_int {
-    use bluerdma_core::engine::VerbsError as V;
-    match e.kind {
-        V::InvalidArgument { .. }
-        | V::Attribute(_)
-        | V::Transition(_)
-        | V::WrongQpState { .. }
-        | V::LocalProtection { .. }
-        | V::Fragment(_)
-        | V::Descriptor(_) => libc::EINVAL,
-        V::NoSuchObject { .. } => libc::EINVAL,
-        V::OutOfResources { .. } | V::SendQueueFull => libc::ENOMEM,
-        V::Busy { .. } => libc::EBUSY,
-        V::Unsupported { .. } => libc::EOPNOTSUPP,
-        V::CommandTimeout { .. } | V::CommandFailed { .. } | V::Platform(_) => libc::EIO,
-    }
-}
-
-/// Logs `e` and returns its errno.
-pub(crate) fn fail(e: bluerdma_linux::verbs::Error) -> c_int {
-    log::error!("{e}");
-    errno_of(&e)
-}
-
-/// A minimal stderr logger, installed on first use, level from `BLUERDMA_LOG`.
-struct StderrLog;
-
-impl log::Log for StderrLog {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::max_level()
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            eprintln!(
-                "bluerdma {}: {}",
-                r.level().as_str().to_lowercase(),
-                r.args()
-            );
-        }
-    }
-    fn flush(&self) {}
-}
-
-pub(crate) fn init_log() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let level = match std::env::var("BLUERDMA_LOG").as_deref() {
-            Ok("error") => log::LevelFilter::Error,
-            Ok("info") => log::LevelFilter::Info,
-            Ok("debug") => log::LevelFilter::Debug,
-            Ok("trace") => log::LevelFilter::Trace,
-            Ok("off") => log::LevelFilter::Off,
-            _ => log::LevelFilter::Warn,
-        };
-        if log::set_logger(&StderrLog).is_ok() {
-            log::set_max_level(level);
-        }
-    });
-}

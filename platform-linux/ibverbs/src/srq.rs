@@ -15,25 +15,25 @@
 //!
 //! WRs handed to a QP stay with it: when the QP is destroyed they are flushed with it
 //! (WR_FLUSH_ERR on its CQ) instead of returning to the pool.
+//!
+//! This module holds the pool and the SRQ verbs; `srq_post.rs` is ibv_post_srq_recv, and
+//! a CQ's [`SrqMembers`] is how its polls find the pool of a QP whose receive completed.
 
 use core::ffi::{c_int, c_void};
 use std::collections::{HashMap, VecDeque};
-use std::ptr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use bluerdma_core::addr::VirtAddr;
-use bluerdma_core::engine::RecvWr;
-use bluerdma_core::keys::MrKey;
+use bluerdma_core::engine::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use bluerdma_linux::verbs::Qp as VQp;
 
 use crate::abi::*;
-use crate::device::Ctx;
-use crate::set_errno;
+use crate::caps::MAX_SRQ_WR;
+use crate::context::Ctx;
+use crate::errors::null;
+use crate::handle::free;
 
 /// Receive WRs of the pool each attached QP keeps posted.
-pub(crate) const SHARE: u32 = 16;
-/// Receive WRs an SRQ holds.
-pub(crate) const MAX_SRQ_WR: u32 = 16384;
+const SHARE: u32 = 16;
 
 /// A QP attached to an SRQ.
 struct Member {
@@ -52,19 +52,19 @@ struct State {
     members: HashMap<u32, Member>,
 }
 
-/// The part of an SRQ its QPs and CQ polls share.
-pub(crate) struct Shared {
+/// The part of an SRQ its QPs and CQ polls share: the pool and the attached QPs.
+pub(crate) struct SrqPool {
     state: Mutex<State>,
 }
 
 // SAFETY: `Member::qp` points at a verbs QP (itself Send + Sync) that stays alive while it
 // is in `members` (see `detach`); everything else is plain data behind the mutex.
-unsafe impl Send for Shared {}
+unsafe impl Send for SrqPool {}
 // SAFETY: as above; all access goes through the mutex.
-unsafe impl Sync for Shared {}
+unsafe impl Sync for SrqPool {}
 
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+impl SrqPool {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -89,7 +89,7 @@ impl Shared {
     }
 
     /// Attaches `qp` (number `qpn`) and gives it its share.
-    pub(crate) fn attach(&self, qpn: u32, qp: *const VQp) {
+    fn attach(&self, qpn: u32, qp: *const VQp) {
         let mut s = self.lock();
         s.members.insert(
             qpn,
@@ -103,14 +103,14 @@ impl Shared {
     }
 
     /// Detaches `qpn`; call before its QP is dropped.
-    pub(crate) fn detach(&self, qpn: u32) {
+    fn detach(&self, qpn: u32) {
         self.lock().members.remove(&qpn);
     }
 
     /// After modify_qp moved `qpn` to `state` (ibv_qp_state): RESET drops what it held (the
     /// engine forgets its receive WRs), ERR stops handing it WRs, and any other state tops
     /// it up (a QP leaving RESET can take WRs).
-    pub(crate) fn state_changed(&self, qpn: u32, state: u32) {
+    fn state_changed(&self, qpn: u32, state: u32) {
         let mut s = self.lock();
         if let Some(m) = s.members.get_mut(&qpn) {
             match state {
@@ -127,7 +127,7 @@ impl Shared {
 
     /// A receive WR of `qpn` completed: hand it the next one if it completed well (a
     /// flushed one means the QP is in ERR and would only flush the next too).
-    pub(crate) fn consumed(&self, qpn: u32, ok: bool) {
+    fn consumed(&self, qpn: u32, ok: bool) {
         let mut s = self.lock();
         if let Some(m) = s.members.get_mut(&qpn) {
             m.posted = m.posted.saturating_sub(1);
@@ -137,14 +137,105 @@ impl Shared {
             Self::refill(&mut s, qpn);
         }
     }
+
+    /// Whether QPs are attached (an SRQ with QPs cannot be destroyed).
+    fn has_members(&self) -> bool {
+        !self.lock().members.is_empty()
+    }
+
+    /// The pool, locked for one chain of ibv_post_srq_recv.
+    pub(crate) fn post(&self) -> PoolPost<'_> {
+        PoolPost(self.lock())
+    }
+}
+
+/// The pool of an SRQ while ibv_post_srq_recv adds a chain of WRs to it.
+pub(crate) struct PoolPost<'a>(MutexGuard<'a, State>);
+
+impl PoolPost<'_> {
+    /// Adds `wr` to the pool; gives it back when the pool already holds `max` WRs.
+    pub(crate) fn push(&mut self, wr: RecvWr, max: u32) -> Result<(), RecvWr> {
+        if self.0.pool.len() >= max as usize {
+            return Err(wr);
+        }
+        self.0.pool.push_back(wr);
+        Ok(())
+    }
+
+    /// Tops up every attached QP from the pool (each up to its share).
+    pub(crate) fn refill_all(mut self) {
+        let qpns: Vec<u32> = self.0.members.keys().copied().collect();
+        for qpn in qpns {
+            SrqPool::refill(&mut self.0, qpn);
+        }
+    }
+}
+
+/// The QPs that receive into one CQ and take their WRs from an SRQ, by QP number: a poll
+/// that returns one of their receive completions hands the QP its next WR.
+#[derive(Default)]
+pub(crate) struct SrqMembers(Mutex<HashMap<u32, Arc<SrqPool>>>);
+
+impl SrqMembers {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Arc<SrqPool>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands an SRQ's next WR to each QP whose receive WR completed in `wcs`.
+    pub(crate) fn completed(&self, wcs: &[WorkCompletion]) {
+        let is_recv =
+            |w: &&WorkCompletion| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        // The common poll (empty, or send completions only) takes no lock.
+        if !wcs.iter().any(|w| is_recv(&w)) {
+            return;
+        }
+        let map = self.lock();
+        for w in wcs.iter().filter(is_recv) {
+            if let Some(srq) = map.get(&w.qp_num) {
+                // A flushed WR means the QP is in ERR: nothing more goes to it.
+                srq.consumed(w.qp_num, w.status == WcStatus::Success);
+            }
+        }
+    }
+}
+
+/// An RC QP's tie to its SRQ: the pool, and the members of its receive CQ.
+pub(crate) struct SrqLink {
+    pool: Arc<SrqPool>,
+    members: Arc<SrqMembers>,
+}
+
+impl SrqLink {
+    /// The tie of a QP receiving into the CQ of `members` to `pool`.
+    pub(crate) fn new(pool: Arc<SrqPool>, members: Arc<SrqMembers>) -> SrqLink {
+        SrqLink { pool, members }
+    }
+
+    /// Attaches QP `qpn` (engine QP `qp`, which stays where it is until [`SrqLink::detach`])
+    /// and gives it its share.
+    pub(crate) fn attach(&self, qpn: u32, qp: *const VQp) {
+        self.members.lock().insert(qpn, Arc::clone(&self.pool));
+        self.pool.attach(qpn, qp);
+    }
+
+    /// Detaches `qpn`; call before its QP is dropped.
+    pub(crate) fn detach(&self, qpn: u32) {
+        self.pool.detach(qpn);
+        self.members.lock().remove(&qpn);
+    }
+
+    /// See [`SrqPool::state_changed`].
+    pub(crate) fn state_changed(&self, qpn: u32, state: u32) {
+        self.pool.state_changed(qpn, state);
+    }
 }
 
 /// An SRQ as handed to the application: `ibv_srq` first.
 #[repr(C)]
 pub(crate) struct Srq {
     ibv: IbvSrq,
-    pub shared: Arc<Shared>,
-    max_wr: u32,
+    pub pool: Arc<SrqPool>,
+    pub max_wr: u32,
 }
 
 impl Srq {
@@ -162,15 +253,13 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
     init: *mut IbvSrqInitAttr,
 ) -> *mut IbvSrq {
     if pd.is_null() || init.is_null() {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     }
     // SAFETY: the caller passes a PD and an initialised ibv_srq_init_attr.
     let (ctx, a) = unsafe { ((*pd).context, &mut *init) };
     // SAFETY: a PD's context is open.
     if unsafe { Ctx::from_ibv(ctx) }.is_none() {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     }
     if a.attr.max_wr > MAX_SRQ_WR || a.attr.max_sge > 1 {
         log::error!(
@@ -178,8 +267,7 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
             a.attr.max_wr,
             a.attr.max_sge
         );
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+        return null(libc::EINVAL);
     }
     let max_wr = a.attr.max_wr.max(1);
     a.attr.max_wr = max_wr;
@@ -196,7 +284,7 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
             events_completed: 0,
             _pad2: 0,
         },
-        shared: Arc::new(Shared {
+        pool: Arc::new(SrqPool {
             state: Mutex::new(State::default()),
         }),
         max_wr,
@@ -210,11 +298,11 @@ pub unsafe extern "C" fn bv_ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
     let Some(s) = (unsafe { Srq::from_ibv(srq as *mut c_void) }) else {
         return libc::EINVAL;
     };
-    if !s.shared.lock().members.is_empty() {
+    if s.pool.has_members() {
         return libc::EBUSY;
     }
     // SAFETY: made by ibv_create_srq; the caller gives it up.
-    unsafe { crate::objects::free::<Srq, _>(srq) }
+    unsafe { free::<Srq, _>(srq) }
 }
 
 #[no_mangle]
@@ -252,51 +340,5 @@ pub unsafe extern "C" fn bv_ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAtt
             srq_limit: 0,
         })
     };
-    0
-}
-
-pub(crate) unsafe extern "C" fn op_post_srq_recv(
-    srq: *mut c_void,
-    mut wr: *mut IbvRecvWr,
-    bad: *mut *mut IbvRecvWr,
-) -> c_int {
-    // SAFETY: the caller passes a live SRQ.
-    let Some(s) = (unsafe { Srq::from_ibv(srq) }) else {
-        return libc::EINVAL;
-    };
-    let mut st = s.shared.lock();
-    while !wr.is_null() {
-        // SAFETY: a list of valid requests, by the caller's contract.
-        let w = unsafe { &*wr };
-        // SAFETY: as above.
-        let sge = match unsafe { crate::objects::recv_sge(w, "post_srq_recv") } {
-            Ok(sge) => sge,
-            Err(e) => {
-                if !bad.is_null() {
-                    // SAFETY: the caller passes a writable pointer slot.
-                    unsafe { *bad = wr };
-                }
-                return e;
-            }
-        };
-        if st.pool.len() >= s.max_wr as usize {
-            if !bad.is_null() {
-                // SAFETY: as above.
-                unsafe { *bad = wr };
-            }
-            return libc::ENOMEM;
-        }
-        st.pool.push_back(RecvWr {
-            wr_id: w.wr_id,
-            addr: VirtAddr(sge.addr),
-            len: sge.length,
-            lkey: MrKey::from_raw(sge.lkey),
-        });
-        wr = w.next;
-    }
-    let qpns: Vec<u32> = st.members.keys().copied().collect();
-    for qpn in qpns {
-        Shared::refill(&mut st, qpn);
-    }
     0
 }

@@ -8,13 +8,13 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 pub(crate) fn unsupported(name: &'static str) {
-    crate::init_log();
+    crate::logging::init_log();
     static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if seen.get_or_insert_with(HashSet::new).insert(name) {
         log::warn!("{name} is not supported by the blue-rdma libibverbs");
     }
-    crate::set_errno(libc::EOPNOTSUPP);
+    crate::errors::set_errno(libc::EOPNOTSUPP);
 }
 
 macro_rules! stub {

@@ -1,160 +1,34 @@
-//! ibv_post_send: one application request becomes one or more engine requests.
+//! The RC post paths: ibv_post_send, where one application request becomes one or more
+//! engine requests, and ibv_post_recv.
 //!
 //! The card takes one local buffer per request. Several SGEs are handled here:
 //! - RDMA WRITE and READ with several SGEs are split into one engine request per SGE, at
 //!   consecutive remote addresses, only the last one signaled (they complete in order, so
 //!   its completion means all of them are done);
 //! - SEND, SEND_WITH_IMM and WRITE_WITH_IMM must stay one message (one receive WR, one
-//!   byte_len): their SGEs are copied into a per-QP gather ring (registered once) and sent
+//!   byte_len): their SGEs are copied into the QP's gather ring (`rc_rings.rs`) and sent
 //!   from there;
 //! - inline data (at most [`MAX_INLINE`] bytes, any SGE count, unregistered memory) is
-//!   copied into a per-QP ring of fixed slots.
-//!
-//! Buffers in both rings are reused only after the engine says the request that used them
-//! left the send queue (`Qp::sq_retired`); the inline ring reuses a slot only 2 x sq_depth
-//! posts later, which the send queue's size guarantees.
+//!   copied into the QP's ring of inline slots.
 
 use core::ffi::c_int;
-use std::collections::VecDeque;
+use std::ptr;
 
 use bluerdma_core::addr::VirtAddr;
-use bluerdma_core::desc::AccessFlags;
-use bluerdma_core::engine::{SendOp, SendWr};
+use bluerdma_core::engine::{RecvWr, SendOp, SendWr};
 use bluerdma_core::keys::MrKey;
-use bluerdma_linux::verbs::Mr as VMr;
 
 use crate::abi::*;
-use crate::device::caps;
-use crate::fail;
-use crate::objects::{own, Pd, Qp};
+use crate::caps::{MAX_INLINE, MAX_SGE};
+use crate::errors::{fail, set_bad};
+use crate::handle::own;
+use crate::pd::Pd;
+use crate::rc_qp::Qp;
+use crate::rc_rings::PostState;
+use crate::sge;
 
-/// Inline data up to this many bytes per request (what UCX asks for).
-pub(crate) const MAX_INLINE: u32 = 64;
-/// SGEs per send request.
-pub(crate) const MAX_SGE: usize = 6;
-/// Bytes of a QP's gather ring (registered on first use).
-const GATHER_BYTES: usize = 4 << 20;
 /// Engine requests per engine call (one doorbell per batch).
-pub(crate) const BATCH: usize = 32;
-
-/// Per-QP state of the send path (behind the QP's post lock).
-#[derive(Default)]
-pub(crate) struct PostState {
-    inline: Option<VMr>,
-    /// Inline requests posted (slot = count mod slots).
-    inline_next: u64,
-    gather: Option<VMr>,
-    /// Next free byte of the gather ring.
-    gather_head: usize,
-    /// Gather regions in use: (engine post number, offset, length), oldest first.
-    gather_live: VecDeque<(u64, usize, usize)>,
-    /// Engine requests posted on this QP (what `sq_retired` counts against).
-    posted: u64,
-    /// Scratch of `op_post_send`, kept so that a post allocates nothing: the engine
-    /// requests of one batch, and for each the application request it came from (its
-    /// address) and the inline slots used before it.
-    wrs: Vec<SendWr>,
-    owner: Vec<(usize, u64)>,
-}
-
-impl PostState {
-    /// A QP moved to RESET: the engine's counts start again.
-    pub(crate) fn reset(&mut self) {
-        self.inline_next = 0;
-        self.gather_head = 0;
-        self.gather_live.clear();
-        self.posted = 0;
-    }
-
-    fn inline_slot(&mut self, pd: &Pd, used: u64) -> Result<(u64, u32, &mut [u8]), c_int> {
-        let slots = 2 * caps::capacity().sq_depth as u64;
-        if self.inline.is_none() {
-            let len = (slots * MAX_INLINE as u64) as usize;
-            self.inline = Some(
-                pd.pd
-                    .alloc_mr(len, AccessFlags::LOCAL_WRITE)
-                    .map_err(fail)?,
-            );
-        }
-        let mr = self.inline.as_mut().ok_or(libc::ENOMEM)?;
-        let (base, key) = (mr.addr(), mr.key().get());
-        let at = (((self.inline_next + used) % slots) * MAX_INLINE as u64) as usize;
-        let buf = mr.bytes_mut().ok_or(libc::ENOMEM)?;
-        Ok((
-            base + at as u64,
-            key,
-            &mut buf[at..at + MAX_INLINE as usize],
-        ))
-    }
-
-    /// `len` contiguous bytes of the gather ring for engine post number `seq`.
-    fn gather_region(
-        &mut self,
-        q: &Qp,
-        pd: &Pd,
-        seq: u64,
-        len: usize,
-    ) -> Result<(u64, u32, &mut [u8]), c_int> {
-        if len > GATHER_BYTES {
-            log::error!("post_send: {len} bytes in several SGEs (at most {GATHER_BYTES} gathered)");
-            return Err(libc::EINVAL);
-        }
-        if self.gather.is_none() {
-            let mr = pd.pd.alloc_mr(GATHER_BYTES, AccessFlags::LOCAL_WRITE);
-            self.gather = Some(mr.map_err(fail)?);
-        }
-        // Free what the card is done with.
-        if !self.gather_live.is_empty() {
-            let retired = q.qp.sq_retired().map_err(fail)?;
-            while self.gather_live.front().is_some_and(|r| r.0 < retired) {
-                self.gather_live.pop_front();
-            }
-        }
-        let at = match self.gather_live.front() {
-            None => 0,
-            Some(&(_, oldest, _)) if self.gather_head >= oldest => {
-                if self.gather_head + len <= GATHER_BYTES {
-                    self.gather_head
-                } else if len <= oldest {
-                    0
-                } else {
-                    return Err(libc::ENOMEM);
-                }
-            }
-            Some(&(_, oldest, _)) if self.gather_head + len <= oldest => self.gather_head,
-            Some(_) => return Err(libc::ENOMEM),
-        };
-        self.gather_head = at + len;
-        self.gather_live.push_back((seq, at, len));
-        let mr = self.gather.as_mut().ok_or(libc::ENOMEM)?;
-        let (base, key) = (mr.addr(), mr.key().get());
-        let buf = mr.bytes_mut().ok_or(libc::ENOMEM)?;
-        Ok((base + at as u64, key, &mut buf[at..at + len]))
-    }
-
-    /// Forgets gather regions of engine posts numbered `from` and later (not posted).
-    fn unstage(&mut self, from: u64) {
-        while self.gather_live.back().is_some_and(|r| r.0 >= from) {
-            self.gather_live.pop_back();
-        }
-        self.gather_head = self.gather_live.back().map_or(0, |r| r.1 + r.2);
-    }
-}
-
-/// Copies the bytes of `sges` into `dst` (which has their total length).
-///
-/// # Safety
-/// Each SGE's bytes are readable (the verbs contract for the duration of the post).
-pub(crate) unsafe fn gather(sges: &[IbvSge], dst: &mut [u8]) {
-    let mut at = 0;
-    for s in sges {
-        let n = s.length as usize;
-        // SAFETY: the caller's contract.
-        let src = unsafe { std::slice::from_raw_parts(s.addr as *const u8, n) };
-        dst[at..at + n].copy_from_slice(src);
-        at += n;
-    }
-}
+const BATCH: usize = 32;
 
 /// The engine requests of one application request, appended to `out`.
 ///
@@ -169,7 +43,7 @@ unsafe fn expand(
     out: &mut Vec<SendWr>,
 ) -> Result<(), c_int> {
     // SAFETY: a QP's PD lives as long as the QP.
-    let pd = unsafe { &*(q.ibv.pd as *const Pd) };
+    let pd = unsafe { Pd::of(q.ibv.pd) };
     // Everything that can refuse the request comes before a buffer is taken.
     let imm = u32::from_be(wr.imm_data);
     let op = match wr.opcode {
@@ -189,12 +63,8 @@ unsafe fn expand(
         log::error!("post_send: {n} SGEs (at most {MAX_SGE})");
         return Err(libc::EINVAL);
     }
-    let sges: &[IbvSge] = if n == 0 {
-        &[]
-    } else {
-        // SAFETY: num_sge entries are readable (checked non-null above).
-        unsafe { std::slice::from_raw_parts(wr.sg_list, n) }
-    };
+    // SAFETY: num_sge entries are readable (checked non-null above).
+    let sges = unsafe { sge::list(wr.sg_list, n) };
     let total: u64 = sges.iter().map(|s| s.length as u64).sum();
     if total > u32::MAX as u64 {
         return Err(libc::EINVAL);
@@ -228,7 +98,7 @@ unsafe fn expand(
         let (addr, key, slot) = st.inline_slot(pd, *inline_used)?;
         // SAFETY: the caller's SGE bytes are readable during ibv_post_send (they need not
         // be registered: that is what inline means).
-        unsafe { gather(sges, &mut slot[..total as usize]) };
+        unsafe { sge::gather(sges, &mut slot[..total as usize]) };
         *inline_used += 1;
         out.push(one(addr, total as u32, key, raddr, signaled));
         return Ok(());
@@ -255,25 +125,25 @@ unsafe fn expand(
         (_, [s]) => out.push(one(s.addr, s.length, s.lkey, raddr, signaled)),
         _ => {
             // One message from several buffers: gather.
-            let (addr, key, region) = st.gather_region(q, pd, seq, total as usize)?;
+            let (addr, key, region) = st.gather_region(&q.qp, pd, seq, total as usize)?;
             // SAFETY: as above; the SGEs are registered memory of the caller.
-            unsafe { gather(sges, region) };
+            unsafe { sge::gather(sges, region) };
             out.push(one(addr, total as u32, key, raddr, signaled));
         }
     }
     Ok(())
 }
 
-pub(crate) unsafe extern "C" fn op_post_send(
+/// ibv_post_send for an RC QP.
+///
+/// # Safety
+/// As ibv_post_send: `qp` is NULL or a live RC QP, and `wr` a list of valid requests whose
+/// buffers belong to them until their completions.
+pub(crate) unsafe fn post_send(
     qp: *mut IbvQp,
     wr: *mut IbvSendWr,
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
-    // SAFETY: the caller passes a live QP.
-    if unsafe { crate::ud::is_ud(qp) } {
-        // SAFETY: the caller's contract.
-        return unsafe { crate::ud::post_send(qp, wr, bad) };
-    }
     // SAFETY: the caller passes a live QP.
     let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
         return libc::EINVAL;
@@ -286,10 +156,8 @@ pub(crate) unsafe extern "C" fn op_post_send(
     match rc {
         Ok(()) => 0,
         Err((at, e)) => {
-            if !bad.is_null() {
-                // SAFETY: the caller passes a writable pointer slot.
-                unsafe { *bad = at };
-            }
+            // SAFETY: the caller's bad_wr slot.
+            unsafe { set_bad(bad, at) };
             e
         }
     }
@@ -349,6 +217,66 @@ unsafe fn post_batches(
         }
     }
     Ok(())
+}
+
+/// ibv_post_recv for an RC QP.
+///
+/// # Safety
+/// As ibv_post_recv: `qp` is NULL or a live RC QP, and `wr` a list of valid requests
+/// whose buffers belong to them until their completions.
+pub(crate) unsafe fn post_recv(
+    qp: *mut IbvQp,
+    mut wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    // SAFETY: the caller passes a live QP.
+    let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    if q.srq.is_some() {
+        log::error!("post_recv: the QP takes its receive WRs from its SRQ (ibv_post_srq_recv)");
+        // SAFETY: the caller's bad_wr slot.
+        unsafe { set_bad(bad, wr) };
+        return libc::EINVAL;
+    }
+    let mut batch = [RecvWr {
+        wr_id: 0,
+        addr: VirtAddr(0),
+        len: 0,
+        lkey: MrKey::from_raw(0),
+    }; BATCH];
+    let mut ptrs = [ptr::null_mut::<IbvRecvWr>(); BATCH];
+    while !wr.is_null() {
+        let mut n = 0;
+        let mut error = None;
+        while !wr.is_null() && n < BATCH {
+            // SAFETY: a list of valid requests, by the caller's contract.
+            let w = unsafe { &*wr };
+            // SAFETY: as above.
+            batch[n] = match unsafe { sge::recv_wr(w, "post_recv") } {
+                Ok(r) => r,
+                Err(e) => {
+                    error = Some((wr, e));
+                    break;
+                }
+            };
+            ptrs[n] = wr;
+            n += 1;
+            wr = w.next;
+        }
+        // SAFETY: the verbs contract: buffers belong to the requests until completion.
+        if let Err((k, e)) = unsafe { q.qp.post_recv(&batch[..n]) } {
+            // SAFETY: the caller's bad_wr slot.
+            unsafe { set_bad(bad, ptrs[k]) };
+            return fail(e);
+        }
+        if let Some((at, e)) = error {
+            // SAFETY: the caller's bad_wr slot.
+            unsafe { set_bad(bad, at) };
+            return e;
+        }
+    }
+    0
 }
 
 // The engine's request type must stay cheap to build per post.

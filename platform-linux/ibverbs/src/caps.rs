@@ -1,0 +1,38 @@
+//! The device's limits: what ibv_query_device reports and the verbs enforce. They are the
+//! emulated card's real ones, or the library's where the library does the work (several
+//! SGEs, inline data, SRQs, UD).
+
+use core::ffi::c_int;
+
+use bluerdma_linux::storage::Capacity;
+
+/// The card's table sizes and queue depths.
+pub(crate) fn capacity() -> Capacity {
+    Capacity::default()
+}
+
+/// Receive WRs per RC QP (the engine's software receive queue).
+pub(crate) const MAX_RECV_WR: u32 = bluerdma_core::engine::RECV_QUEUE as u32;
+/// Outstanding RDMA READs a QP may have (initiator and responder).
+pub(crate) const MAX_RD_ATOM: u8 = 16;
+/// The largest message (the card's 32-bit length).
+pub(crate) const MAX_MSG: u32 = 1 << 31;
+
+/// Inline data up to this many bytes per RC send request (what UCX asks for).
+pub(crate) const MAX_INLINE: u32 = 64;
+/// SGEs per RC send request (split or gathered by the library; receive WRs take one).
+pub(crate) const MAX_SGE: usize = 6;
+
+/// Receive WRs an SRQ holds.
+pub(crate) const MAX_SRQ_WR: u32 = 16384;
+
+/// SGEs per UD work request, both ways.
+pub(crate) const UD_MAX_SGE: u32 = 8;
+/// Receive WRs a UD QP may hold.
+pub(crate) const UD_MAX_RECV_WR: u32 = 16384;
+/// Address handles per process (a limit reported, not enforced: each is a small box).
+pub(crate) const MAX_AH: c_int = 1 << 16;
+
+/// GID table: indexes 0 and 3 (the one NCCL picks on RoCE v2 / IPv4 hosts) hold the
+/// device's IPv4-mapped address; 1 and 2 are empty.
+pub(crate) const GID_TABLE_LEN: u32 = 4;

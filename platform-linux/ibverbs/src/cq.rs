@@ -1,0 +1,168 @@
+//! Completion queues: ibv_create_cq (tied to a completion channel when given one),
+//! ibv_destroy_cq, ibv_resize_cq, and the channel's events (`ibv_get_cq_event`,
+//! `ibv_ack_cq_events`). Polling and arming are the context's function table (`poll.rs`).
+
+use core::ffi::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use bluerdma_linux::verbs::{Context, Cq as VCq};
+
+use crate::abi::*;
+use crate::caps;
+use crate::channel::Channel;
+use crate::context::Ctx;
+use crate::errors::{fail, or_null};
+use crate::handle::own;
+use crate::srq::SrqMembers;
+
+#[repr(C)]
+pub(crate) struct Cq {
+    pub ibv: IbvCq,
+    pub cq: VCq,
+    /// Events handed out by ibv_get_cq_event.
+    events: AtomicU32,
+    /// The QPs receiving into this CQ from an SRQ.
+    pub srq_members: Arc<SrqMembers>,
+    _engine: Arc<Context>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_create_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+) -> *mut IbvCq {
+    // SAFETY: forwarded contract.
+    or_null(unsafe { create_cq(ctx, cqe, cq_context, channel, comp_vector) })
+}
+
+/// # Safety
+/// `ctx` is NULL or an open context; `channel` is NULL or a channel of it.
+unsafe fn create_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+) -> Result<*mut IbvCq, c_int> {
+    // SAFETY: the caller passes an open context.
+    let c = unsafe { Ctx::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
+    let max = caps::capacity().cq_depth as c_int;
+    if !(1..=max).contains(&cqe) || comp_vector != 0 {
+        log::error!(
+            "create_cq: cqe {cqe} (1..={max}) or comp_vector {comp_vector} (0) out of range"
+        );
+        return Err(libc::EINVAL);
+    }
+    let engine = c.engine()?;
+    let cq = engine.create_cq().map_err(fail)?;
+    let b = Box::into_raw(Box::new(Cq {
+        ibv: IbvCq {
+            context: ctx,
+            channel,
+            cq_context,
+            handle: 0,
+            cqe,
+            mutex: [0; 40],
+            cond: [0; 48],
+            comp_events_completed: 0,
+            async_events_completed: 0,
+        },
+        cq,
+        events: AtomicU32::new(0),
+        srq_members: Arc::default(),
+        _engine: engine,
+    }));
+    if !channel.is_null() {
+        // SAFETY: a channel from ibv_create_comp_channel; it outlives its CQs (destroying it
+        // is refused while refcnt > 0).
+        let ch = unsafe { &mut *(channel as *mut Channel) };
+        ch.ibv.refcnt += 1;
+        let (fd, cq_ptr) = (ch.write_fd, b as usize);
+        // SAFETY: `b` was just made and lives until ibv_destroy_cq.
+        unsafe { &*b }.cq.set_notify(Box::new(move || {
+            let bytes = cq_ptr.to_ne_bytes();
+            // SAFETY: writes 8 bytes from a local buffer to the channel's pipe.
+            let n = unsafe { libc::write(fd, bytes.as_ptr() as *const c_void, bytes.len()) };
+            if n != bytes.len() as isize {
+                log::error!(
+                    "completion channel: event lost ({})",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }));
+    }
+    Ok(b as *mut IbvCq)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: made by ibv_create_cq; the caller gives it up (its QPs are destroyed).
+    let b = unsafe { Box::from_raw(cq as *mut Cq) };
+    if !b.ibv.channel.is_null() {
+        // SAFETY: the channel outlives its CQs.
+        unsafe { (*(b.ibv.channel as *mut Channel)).ibv.refcnt -= 1 };
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
+    // SAFETY: the caller passes a live CQ.
+    let Some(c) = (unsafe { own::<Cq, _>(cq) }) else {
+        return libc::EINVAL;
+    };
+    // Every CQ already has the device's full depth.
+    let max = caps::capacity().cq_depth as c_int;
+    if !(1..=max).contains(&cqe) {
+        return libc::EINVAL;
+    }
+    // SAFETY: `cqe` is the application-visible size; no one else writes it.
+    unsafe { (*(c as *const Cq as *mut Cq)).ibv.cqe = cqe };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_get_cq_event(
+    ch: *mut IbvCompChannel,
+    cq: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    if ch.is_null() || cq.is_null() || cq_context.is_null() {
+        return -1;
+    }
+    let mut b = [0u8; 8];
+    // SAFETY: reads into a local buffer from the channel's pipe (blocking unless the
+    // application made the fd non-blocking, as with the real library).
+    let n = unsafe { libc::read((*ch).fd, b.as_mut_ptr() as *mut c_void, 8) };
+    if n != 8 {
+        return -1;
+    }
+    let p = usize::from_ne_bytes(b) as *mut Cq;
+    // SAFETY: the notify callback wrote a pointer to a live CQ of this channel.
+    unsafe {
+        (*p).events.fetch_add(1, Ordering::Relaxed);
+        *cq = p as *mut IbvCq;
+        *cq_context = (*p).ibv.cq_context;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_ack_cq_events(cq: *mut IbvCq, n: u32) {
+    // SAFETY: the caller passes a live CQ.
+    if let Some(c) = unsafe { own::<Cq, _>(cq) } {
+        // SAFETY: the counter field is ours to update; applications only read it.
+        unsafe {
+            let p = ptr::addr_of_mut!((*(c as *const Cq as *mut Cq)).ibv.comp_events_completed);
+            p.write(p.read().wrapping_add(n));
+        }
+    }
+}

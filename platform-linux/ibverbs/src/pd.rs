@@ -1,0 +1,140 @@
+//! Protection domains, and the table each keeps of the memory regions registered in it:
+//! what the library's own transports (UD, READ sinks) check before they touch an SGE's
+//! bytes.
+
+use core::ffi::c_int;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bluerdma_core::desc::AccessFlags;
+use bluerdma_linux::verbs::{Context, Mr as VMr, Pd as VPd};
+
+use crate::abi::*;
+use crate::context::Ctx;
+use crate::errors::{fail, or_null};
+use crate::handle::free;
+
+#[repr(C)]
+pub(crate) struct Pd {
+    pub ibv: IbvPd,
+    pub(crate) pd: VPd,
+    pub engine: Arc<Context>,
+    /// The PD's MRs by key, for SGE checks and READ sinks (see [`Pd::read_sink_key`]).
+    mrs: Mutex<HashMap<u32, MrEntry>>,
+}
+
+/// What the library's transports need to know about a registered region.
+pub(crate) struct MrEntry {
+    pub addr: u64,
+    pub len: usize,
+    pub local_write: bool,
+    pub remote_write: bool,
+    /// A second registration of the same bytes with REMOTE_WRITE, made on the first READ
+    /// into a region that lacks it.
+    pub shadow: Option<VMr>,
+}
+
+impl Pd {
+    /// The PD an object of it names.
+    ///
+    /// # Safety
+    /// `pd` comes from ibv_alloc_pd and is not deallocated: the application keeps a PD
+    /// while MRs and QPs made from it exist (deallocating it earlier is the application's
+    /// error, as with the real library).
+    pub(crate) unsafe fn of<'a>(pd: *mut IbvPd) -> &'a Pd {
+        // SAFETY: the caller's contract; `ibv` is the first field.
+        unsafe { &*(pd as *const Pd) }
+    }
+
+    /// Records a region registered with key `key`.
+    pub(crate) fn add_mr(&self, key: u32, entry: MrEntry) {
+        self.mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, entry);
+    }
+
+    /// Forgets the region of key `key` (deregistered), with its READ sink.
+    pub(crate) fn remove_mr(&self, key: u32) {
+        self.mrs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    }
+
+    /// Whether `[addr, addr + len)` lies in the PD's MR of key `lkey` (with LOCAL_WRITE
+    /// when `write`): what a software transport checks before it touches an SGE's bytes.
+    pub fn covers(&self, lkey: u32, addr: u64, len: u32, write: bool) -> bool {
+        let mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        mrs.get(&lkey).is_some_and(|e| {
+            (e.local_write || !write)
+                && addr >= e.addr
+                && addr
+                    .checked_add(len.into())
+                    .is_some_and(|end| end <= e.addr + e.len as u64)
+        })
+    }
+
+    /// The key a READ into the region of `lkey` must name as its sink.
+    ///
+    /// The card accepts READ response packets only into an MR with REMOTE_WRITE
+    /// (nic-behaviour.md 2.3 check 6), where verbs ask for LOCAL_WRITE; perftest's
+    /// ib_read_bw registers LOCAL_WRITE | REMOTE_READ. So the first READ into such a region
+    /// registers the same bytes again with REMOTE_WRITE and uses that key for every READ
+    /// into it. The application's own key stays without REMOTE_WRITE; the sink key travels
+    /// in READ requests, so a peer that reads it from the wire could write the region
+    /// (README, hardware limitations).
+    pub(crate) fn read_sink_key(&self, lkey: u32) -> Result<u32, c_int> {
+        let mut mrs = self.mrs.lock().unwrap_or_else(|e| e.into_inner());
+        // An unknown key is the engine's to refuse (LOC_PROT_ERR names it).
+        let Some(e) = mrs.get_mut(&lkey) else {
+            return Ok(lkey);
+        };
+        if e.remote_write {
+            return Ok(lkey);
+        }
+        if let Some(s) = &e.shadow {
+            return Ok(s.key().get());
+        }
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // SAFETY: the same bytes as the application's registration, which the verbs
+        // contract keeps valid until ibv_dereg_mr; the shadow is dropped with it.
+        let shadow = unsafe { self.pd.reg_mr(e.addr as *mut u8, e.len, access) }.map_err(fail)?;
+        let key = shadow.key().get();
+        e.shadow = Some(shadow);
+        Ok(key)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
+    // SAFETY: forwarded contract.
+    or_null(unsafe { alloc_pd(ctx) })
+}
+
+/// # Safety
+/// `ctx` is NULL or an open context.
+unsafe fn alloc_pd(ctx: *mut IbvContext) -> Result<*mut IbvPd, c_int> {
+    // SAFETY: the caller passes an open context.
+    let c = unsafe { Ctx::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
+    let engine = c.engine()?;
+    let pd = engine.alloc_pd().map_err(fail)?;
+    let b = Box::new(Pd {
+        ibv: IbvPd {
+            context: ctx,
+            handle: pd.handle(),
+            _pad: 0,
+        },
+        pd,
+        engine,
+        mrs: Mutex::new(HashMap::new()),
+    });
+    Ok(Box::into_raw(b) as *mut IbvPd)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+    // SAFETY: made by ibv_alloc_pd; the caller gives it up. The engine keeps the PD alive
+    // while MRs and QPs made from it exist (they hold clones).
+    unsafe { free::<Pd, _>(pd) }
+}

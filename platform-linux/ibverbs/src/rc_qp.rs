@@ -1,0 +1,235 @@
+//! RC queue pairs: creation (with the device's limits, an SRQ when given one), the state
+//! machine through `Qp::modify`, and ibv_query_qp's answer. The type-choosing verbs are
+//! `qp.rs`; the post paths are `rc_post.rs`.
+
+use core::ffi::c_int;
+use std::sync::{Arc, Mutex};
+
+use bluerdma_core::qp::{Gid, QpAttrMask, QpState, RawQpAttr};
+use bluerdma_linux::verbs::Qp as VQp;
+
+use crate::abi::*;
+use crate::caps::{self, MAX_INLINE, MAX_SGE};
+use crate::errors::fail;
+use crate::handle::own;
+use crate::pd::Pd;
+use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
+use crate::rc_rings::PostState;
+use crate::srq::{Srq, SrqLink};
+
+#[repr(C)]
+pub(crate) struct Qp {
+    pub(crate) ibv: IbvQp,
+    pub(crate) qp: VQp,
+    pub(crate) cap: IbvQpCap,
+    pub(crate) sq_sig_all: bool,
+    /// Inline and gather buffers and the post count; the lock also serialises posts on
+    /// this QP.
+    pub(crate) post: Mutex<PostState>,
+    /// The shared receive queue this QP takes its receive WRs from.
+    pub(crate) srq: Option<SrqLink>,
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        if let Some(srq) = &self.srq {
+            srq.detach(self.ibv.qp_num);
+        }
+    }
+}
+
+/// ibv_create_qp for IBV_QPT_RC.
+///
+/// # Safety
+/// `pd` is the PD `p` was read from; `a`'s CQs and SRQ are NULL or from this library.
+pub(crate) unsafe fn create(
+    p: &Pd,
+    pd: *mut IbvPd,
+    a: &mut IbvQpInitAttr,
+) -> Result<*mut IbvQp, c_int> {
+    // SAFETY: an SRQ from ibv_create_srq, or NULL.
+    let srq = unsafe { Srq::from_ibv(a.srq) }.map(|s| Arc::clone(&s.pool));
+    let sq = caps::capacity().sq_depth as u32;
+    let cap = a.cap;
+    if cap.max_send_wr > sq
+        || cap.max_recv_wr > caps::MAX_RECV_WR
+        || cap.max_send_sge > MAX_SGE as u32
+        || cap.max_recv_sge > 1
+        || cap.max_inline_data > MAX_INLINE
+    {
+        log::error!(
+            "create_qp: {cap:?} exceeds the device (max_send_wr {sq}, max_recv_wr {}, {} send \
+             SGEs, 1 receive SGE, \
+             {} bytes of inline data)",
+            caps::MAX_RECV_WR,
+            MAX_SGE,
+            MAX_INLINE
+        );
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: CQs from ibv_create_cq on this context, or NULL.
+    let (scq, rcq) = unsafe { qp_cqs(a) }.ok_or(libc::EINVAL)?;
+    let qp = p.pd.create_qp(&scq.cq, &rcq.cq).map_err(fail)?;
+    let qpn = qp.qpn().get();
+    let cap = IbvQpCap {
+        max_send_wr: cap.max_send_wr.max(1),
+        max_recv_wr: cap.max_recv_wr.max(1),
+        max_send_sge: MAX_SGE as u32,
+        max_recv_sge: 1,
+        max_inline_data: MAX_INLINE,
+    };
+    a.cap = cap;
+    let b = Box::new(Qp {
+        ibv: new_ibv_qp(p, pd, a, qpn),
+        qp,
+        cap,
+        sq_sig_all: a.sq_sig_all != 0,
+        post: Mutex::new(PostState::default()),
+        srq: srq.map(|pool| SrqLink::new(pool, Arc::clone(&rcq.srq_members))),
+    });
+    if let Some(srq) = &b.srq {
+        // The box does not move: the pointer stays valid until Drop detaches it.
+        srq.attach(qpn, &b.qp);
+    }
+    Ok(Box::into_raw(b) as *mut IbvQp)
+}
+
+/// ibv_modify_qp for an RC QP: checks what this RoCE device has (port 1, P_Key index 0, a
+/// GRH), then the engine's state machine.
+///
+/// # Safety
+/// `qp` is a live RC QP; `a` is the caller's attributes.
+pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
+        return libc::EINVAL;
+    };
+    if mask.contains(QpAttrMask::PORT) && a.port_num != 1 {
+        log::error!(
+            "modify_qp: port {} does not exist (the device has port 1)",
+            a.port_num
+        );
+        return libc::EINVAL;
+    }
+    if mask.contains(QpAttrMask::PKEY_INDEX) && a.pkey_index != 0 {
+        log::error!(
+            "modify_qp: P_Key index {} does not exist (the table has 0)",
+            a.pkey_index
+        );
+        return libc::EINVAL;
+    }
+    if mask.contains(QpAttrMask::AV) && a.ah_attr.is_global == 0 {
+        log::error!(
+            "modify_qp: the address vector has no GRH: on this RoCE device the peer is named by \
+             its GID (run ibv_rc_pingpong with -g 0)"
+        );
+        return libc::EINVAL;
+    }
+    if mask.contains(QpAttrMask::CAP) {
+        log::error!("modify_qp: changing the QP's capabilities is not supported");
+        return libc::EINVAL;
+    }
+    let raw = RawQpAttr {
+        qp_state: a.qp_state,
+        cur_qp_state: a.cur_qp_state,
+        path_mtu: a.path_mtu,
+        dest_qp_num: a.dest_qp_num,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        qp_access_flags: a.qp_access_flags,
+        dgid: Gid(a.ah_attr.grh.dgid),
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        min_rnr_timer: a.min_rnr_timer,
+    };
+    if let Err(e) = q.qp.modify(&raw, mask) {
+        return fail(e);
+    }
+    if mask.contains(QpAttrMask::STATE) {
+        // SAFETY: `state` is ours to update; applications read it.
+        unsafe { (*qp).state = a.qp_state };
+        if let Some(srq) = &q.srq {
+            srq.state_changed(q.ibv.qp_num, a.qp_state);
+        }
+        if a.qp_state == QpState::Reset.to_ibv() {
+            q.post.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        }
+    }
+    0
+}
+
+/// ibv_query_qp for an RC QP.
+///
+/// # Safety
+/// `qp` is NULL or a live RC QP; `attr` and `init` are NULL or writable.
+pub(crate) unsafe fn query(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    init: *mut IbvQpInitAttr,
+) -> c_int {
+    // SAFETY: the caller passes a live QP.
+    let (Some(q), false, false) = (
+        (unsafe { own::<Qp, _>(qp) }),
+        attr.is_null(),
+        init.is_null(),
+    ) else {
+        return libc::EINVAL;
+    };
+    let out = match attr_of(q) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    // SAFETY: the caller passes both structures.
+    unsafe {
+        attr.write(out);
+        init.write(init_attr_of(&q.ibv, q.cap, q.sq_sig_all));
+    }
+    0
+}
+
+/// The attributes ibv_query_qp reports for `q`. This is the one place that reads the
+/// engine's answer to a query (`Qp::query`, `Qp::psns`): a change of what it returns is
+/// an edit here only.
+fn attr_of(q: &Qp) -> Result<IbvQpAttr, c_int> {
+    let s = q.qp.query().map_err(fail)?;
+    let (sq_psn, rq_psn) = q.qp.psns(&s);
+    let mut ah = IbvAhAttr {
+        is_global: 1,
+        port_num: 1,
+        ..IbvAhAttr::default()
+    };
+    ah.grh.dgid = Gid::from_ipv4(s.peer_ip).0;
+    ah.grh.hop_limit = 64;
+    let out = IbvQpAttr {
+        qp_state: s.state.to_ibv(),
+        cur_qp_state: s.state.to_ibv(),
+        path_mtu: s.pmtu as u32,
+        path_mig_state: 0,
+        qkey: 0,
+        rq_psn,
+        sq_psn,
+        dest_qp_num: s.dest_qpn.get(),
+        qp_access_flags: s.access.bits(),
+        cap: q.cap,
+        ah_attr: ah,
+        alt_ah_attr: IbvAhAttr::default(),
+        pkey_index: 0,
+        alt_pkey_index: 0,
+        en_sqd_async_notify: 0,
+        sq_draining: 0,
+        max_rd_atomic: caps::MAX_RD_ATOM,
+        max_dest_rd_atomic: caps::MAX_RD_ATOM,
+        min_rnr_timer: s.min_rnr_timer,
+        port_num: 1,
+        timeout: s.timeout,
+        retry_cnt: s.retry_cnt,
+        rnr_retry: s.rnr_retry,
+        alt_port_num: 0,
+        alt_timeout: 0,
+        _pad: 0,
+        rate_limit: 0,
+        _pad2: 0,
+    };
+    Ok(out)
+}

@@ -1,0 +1,131 @@
+//! The per-QP buffers of the RC send path (`rc_post.rs`): a ring of fixed inline slots
+//! and a gather ring for one message from several SGEs, both registered on first use, and
+//! the count of engine requests posted that their reuse is measured against.
+//!
+//! Buffers in both rings are reused only after the engine says the request that used them
+//! left the send queue (`Qp::sq_retired`); the inline ring reuses a slot only 2 x sq_depth
+//! posts later, which the send queue's size guarantees.
+
+use core::ffi::c_int;
+use std::collections::VecDeque;
+
+use bluerdma_core::desc::AccessFlags;
+use bluerdma_core::engine::SendWr;
+use bluerdma_linux::verbs::{Mr as VMr, Qp as VQp};
+
+use crate::caps::{self, MAX_INLINE};
+use crate::errors::fail;
+use crate::pd::Pd;
+
+/// Bytes of a QP's gather ring (registered on first use).
+const GATHER_BYTES: usize = 4 << 20;
+
+/// Per-QP state of the send path (behind the QP's post lock).
+#[derive(Default)]
+pub(crate) struct PostState {
+    inline: Option<VMr>,
+    /// Inline requests posted (slot = count mod slots).
+    pub(crate) inline_next: u64,
+    gather: Option<VMr>,
+    /// Next free byte of the gather ring.
+    gather_head: usize,
+    /// Gather regions in use: (engine post number, offset, length), oldest first.
+    gather_live: VecDeque<(u64, usize, usize)>,
+    /// Engine requests posted on this QP (what `sq_retired` counts against).
+    pub(crate) posted: u64,
+    /// Scratch of the RC post_send, kept so that a post allocates nothing: the engine
+    /// requests of one batch, and for each the application request it came from (its
+    /// address) and the inline slots used before it.
+    pub(crate) wrs: Vec<SendWr>,
+    pub(crate) owner: Vec<(usize, u64)>,
+}
+
+impl PostState {
+    /// A QP moved to RESET: the engine's counts start again.
+    pub(crate) fn reset(&mut self) {
+        self.inline_next = 0;
+        self.gather_head = 0;
+        self.gather_live.clear();
+        self.posted = 0;
+    }
+
+    /// The inline slot for the `used`-th inline request of the batch being built: its
+    /// address, key and bytes.
+    pub(crate) fn inline_slot(
+        &mut self,
+        pd: &Pd,
+        used: u64,
+    ) -> Result<(u64, u32, &mut [u8]), c_int> {
+        let slots = 2 * caps::capacity().sq_depth as u64;
+        if self.inline.is_none() {
+            let len = (slots * MAX_INLINE as u64) as usize;
+            self.inline = Some(
+                pd.pd
+                    .alloc_mr(len, AccessFlags::LOCAL_WRITE)
+                    .map_err(fail)?,
+            );
+        }
+        let mr = self.inline.as_mut().ok_or(libc::ENOMEM)?;
+        let (base, key) = (mr.addr(), mr.key().get());
+        let at = (((self.inline_next + used) % slots) * MAX_INLINE as u64) as usize;
+        let buf = mr.bytes_mut().ok_or(libc::ENOMEM)?;
+        Ok((
+            base + at as u64,
+            key,
+            &mut buf[at..at + MAX_INLINE as usize],
+        ))
+    }
+
+    /// `len` contiguous bytes of the gather ring of `qp` for engine post number `seq`.
+    pub(crate) fn gather_region(
+        &mut self,
+        qp: &VQp,
+        pd: &Pd,
+        seq: u64,
+        len: usize,
+    ) -> Result<(u64, u32, &mut [u8]), c_int> {
+        if len > GATHER_BYTES {
+            log::error!("post_send: {len} bytes in several SGEs (at most {GATHER_BYTES} gathered)");
+            return Err(libc::EINVAL);
+        }
+        if self.gather.is_none() {
+            let mr = pd.pd.alloc_mr(GATHER_BYTES, AccessFlags::LOCAL_WRITE);
+            self.gather = Some(mr.map_err(fail)?);
+        }
+        // Free what the card is done with.
+        if !self.gather_live.is_empty() {
+            let retired = qp.sq_retired().map_err(fail)?;
+            while self.gather_live.front().is_some_and(|r| r.0 < retired) {
+                self.gather_live.pop_front();
+            }
+        }
+        let at = match self.gather_live.front() {
+            None => 0,
+            Some(&(_, oldest, _)) if self.gather_head >= oldest => {
+                if self.gather_head + len <= GATHER_BYTES {
+                    self.gather_head
+                } else if len <= oldest {
+                    0
+                } else {
+                    return Err(libc::ENOMEM);
+                }
+            }
+            Some(&(_, oldest, _)) if self.gather_head + len <= oldest => self.gather_head,
+            Some(_) => return Err(libc::ENOMEM),
+        };
+        self.gather_head = at + len;
+        self.gather_live.push_back((seq, at, len));
+        let mr = self.gather.as_mut().ok_or(libc::ENOMEM)?;
+        let (base, key) = (mr.addr(), mr.key().get());
+        let buf = mr.bytes_mut().ok_or(libc::ENOMEM)?;
+        Ok((base + at as u64, key, &mut buf[at..at + len]))
+    }
+
+    /// Forgets gather regions of engine posts numbered `from` and later (not posted).
+    pub(crate) fn unstage(&mut self, from: u64) {
+        while self.gather_live.back().is_some_and(|r| r.0 >= from) {
+            self.gather_live.pop_back();
+        }
+        self.gather_head = self.gather_live.back().map_or(0, |r| r.1 + r.2);
+    }
+}
