@@ -12,6 +12,7 @@ pub mod inproc;
 pub mod link;
 pub mod mem;
 pub mod model;
+pub mod pair;
 pub mod rawdrv;
 pub mod rtl;
 pub mod scenarios;
