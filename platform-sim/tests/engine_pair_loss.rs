@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use bluerdma_sim::core::engine::{VerbsError, WcStatus};
 use bluerdma_sim::core::qp::QpState;
 use bluerdma_sim::pair::{Fault, FrameInfo, Pair, QpOptions, Side};
