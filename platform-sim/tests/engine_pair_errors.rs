@@ -100,7 +100,6 @@ fn a_receive_posted_to_a_qp_in_err_is_flushed_at_once() {
 fn refused_write(
     p: &mut Pair,
     c: &bluerdma_sim::pair::Conn,
-    src: &Mr,
     target: &Mr,
     wr: SendWr,
     counter: Counter,
@@ -139,7 +138,7 @@ fn a_write_with_a_bad_rkey_writes_nothing_and_fails_retry_exceeded() {
     let dst = buffer(&mut p, &c, B, 4096);
     let mut wr = write(1, &src, 0, &dst, 0, 4096);
     wr.rkey = MrKey::from_raw(dst.key.get() ^ 0x01);
-    refused_write(&mut p, &c, &src, &dst, wr, Counter::InvalidMrKey);
+    refused_write(&mut p, &c, &dst, wr, Counter::InvalidMrKey);
 }
 
 #[test]
@@ -152,7 +151,6 @@ fn a_write_past_the_end_of_the_mr_writes_nothing() {
     refused_write(
         &mut p,
         &c,
-        &src,
         &dst,
         write(1, &src, 0, &dst, 3900, 150),
         Counter::MemOutOfBounds,
@@ -174,7 +172,6 @@ fn a_write_into_an_mr_without_remote_write_writes_nothing() {
     refused_write(
         &mut p,
         &c,
-        &src,
         &dst,
         write(1, &src, 0, &dst, 0, 100),
         Counter::InvalidMrAccess,
@@ -190,7 +187,6 @@ fn a_write_into_a_deregistered_mr_writes_nothing() {
     refused_write(
         &mut p,
         &c,
-        &src,
         &dst,
         write(1, &src, 0, &dst, 0, 100),
         Counter::InvalidMrKey,
