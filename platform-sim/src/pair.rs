@@ -498,12 +498,12 @@ impl Pair {
 
     /// Card counters of `side`.
     pub fn nic_stats(&self, side: Side) -> NicStatsSnapshot {
-        self.card(side).stats().snapshot()
+        self.card(side).shared().stats.snapshot()
     }
 
     /// A register counter of `side`'s card (the receive checks, nic-behaviour.md 6.1).
     pub fn counter(&self, side: Side, c: Counter) -> u32 {
-        self.card(side).regs().counter(c)
+        self.card(side).shared().regs.counter(c)
     }
 
     // ----------------------------------------------------------------------------------

@@ -31,18 +31,7 @@ fn moving_a_qp_to_err_flushes_its_send_and_receive_wrs_in_posting_order() {
     let dst = buffer(&mut p, &c, B, 3000);
     let rbuf = buffer(&mut p, &c, A, 200);
     p.inject(Fault::Drop, None, |f| f.from == Side::A);
-    let wrs: Vec<_> = (0..3)
-        .map(|k| {
-            write(
-                1 + k,
-                &src,
-                k as usize * 1000,
-                &dst,
-                k as usize * 1000,
-                1000,
-            )
-        })
-        .collect();
+    let wrs = writes(1, 3, &src, &dst, 1000);
     post(&mut p, &c, A, &wrs);
     post_recvs(
         &mut p,
@@ -228,9 +217,7 @@ fn completions_beyond_the_cq_depth_are_lost_and_counted() {
     let (mut p, c) = connected_with(cfg, &QpOptions::default());
     let src = filled(&mut p, &c, A, 7 * 100, 7);
     let dst = buffer(&mut p, &c, B, 7 * 100);
-    let wrs: Vec<_> = (0..6)
-        .map(|k| write(k, &src, k as usize * 100, &dst, k as usize * 100, 100))
-        .collect();
+    let wrs = writes(0, 6, &src, &dst, 100);
     post(&mut p, &c, A, &wrs);
     let qp = c.qp(A);
     p.run_until(|p| p.engine(A).sq_retired(qp).unwrap() == 6, ms(100))

@@ -55,14 +55,7 @@ fn duplicated_data_packets_deliver_a_write_with_imm_once() {
 fn duplicated_sends_consume_one_receive_each() {
     let (mut p, c) = default_pair();
     let rbuf = buffer(&mut p, &c, B, 4 * 100);
-    post_recvs(
-        &mut p,
-        &c,
-        B,
-        &(0..4)
-            .map(|k| recv(k, &rbuf, k as usize * 100, 100))
-            .collect::<Vec<_>>(),
-    );
+    post_recvs(&mut p, &c, B, &recvs(4, &rbuf, 100, 100));
     let src = filled(&mut p, &c, A, 200, 2);
     p.inject(Fault::Duplicate, None, |f| f.from == Side::A && f.is_data());
     post(
@@ -143,12 +136,7 @@ fn a_packet_arriving_after_its_retransmission_changes_nothing() {
 fn messages_that_arrive_in_reverse_complete_in_psn_order() {
     let (mut p, c) = default_pair();
     let rbuf = buffer(&mut p, &c, B, 64);
-    post_recvs(
-        &mut p,
-        &c,
-        B,
-        &(0..4).map(|k| recv(k, &rbuf, 0, 64)).collect::<Vec<_>>(),
-    );
+    post_recvs(&mut p, &c, B, &recvs(4, &rbuf, 0, 64));
     let src = filled(&mut p, &c, A, 4 * 100, 5);
     let dst = buffer(&mut p, &c, B, 4 * 100);
     p.pause(B, true);
@@ -200,9 +188,7 @@ fn duplicated_acks_complete_each_request_once() {
     let src = filled(&mut p, &c, A, 3 * 1000, 6);
     let dst = buffer(&mut p, &c, B, 3 * 1000);
     p.inject(Fault::Duplicate, None, |f| f.from == Side::B && f.is_ack());
-    let wrs: Vec<_> = (0..3)
-        .map(|k| write(k, &src, k as usize * 1000, &dst, k as usize * 1000, 1000))
-        .collect();
+    let wrs = writes(0, 3, &src, &dst, 1000);
     post(&mut p, &c, A, &wrs);
     let wcs = send_wcs(&mut p, &c, A, 3, ms(100));
     assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2]);
@@ -241,18 +227,7 @@ fn faulty_run() -> (Vec<LogEntry>, u64) {
         f.from == Side::A && f.psn().is_some_and(|x| x % 5 == 0)
     });
     p.inject(Fault::Drop, Some(1), |f| f.from == Side::B && f.is_ack());
-    let wrs: Vec<_> = (0..4)
-        .map(|k| {
-            write(
-                k,
-                &src,
-                k as usize * 10 * PKT,
-                &dst,
-                k as usize * 10 * PKT,
-                10 * PKT,
-            )
-        })
-        .collect();
+    let wrs = writes(0, 4, &src, &dst, 10 * PKT);
     post(&mut p, &c, A, &wrs);
     let wcs = send_wcs(&mut p, &c, A, 4, ms(500));
     assert!(wcs.iter().all(|w| w.status == WcStatus::Success));

@@ -144,18 +144,7 @@ fn a_loss_in_the_middle_of_a_chain_keeps_completions_in_posting_order() {
     let (mut p, c) = default_pair();
     let src = filled(&mut p, &c, A, 3 * 4 * PKT, 6);
     let dst = buffer(&mut p, &c, B, 3 * 4 * PKT);
-    let wrs: Vec<_> = (0..3)
-        .map(|i| {
-            write(
-                10 + i,
-                &src,
-                i as usize * 4 * PKT,
-                &dst,
-                i as usize * 4 * PKT,
-                4 * PKT,
-            )
-        })
-        .collect();
+    let wrs = writes(10, 3, &src, &dst, 4 * PKT);
     p.inject(Fault::Drop, Some(1), |f| f.from == A && f.psn() == Some(5));
     post(&mut p, &c, A, &wrs);
     let wcs = send_wcs(&mut p, &c, A, 3, ms(500));
@@ -188,18 +177,7 @@ fn retry_exhaustion_fails_the_head_at_retry_cnt_plus_one_timeouts_and_flushes_th
     let dst = buffer(&mut p, &c, B, 3 * 1000);
     p.inject(Fault::Drop, None, |f| f.from == A);
     let posted = p.now();
-    let wrs: Vec<_> = (0..3)
-        .map(|i| {
-            write(
-                20 + i,
-                &src,
-                i as usize * 1000,
-                &dst,
-                i as usize * 1000,
-                1000,
-            )
-        })
-        .collect();
+    let wrs = writes(20, 3, &src, &dst, 1000);
     post(&mut p, &c, A, &wrs);
     let wcs = send_wcs(&mut p, &c, A, 3, ms(100));
     assert_eq!(

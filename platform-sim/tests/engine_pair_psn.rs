@@ -116,10 +116,7 @@ fn sends_across_the_wrap_consume_receive_wrs_in_order() {
     let (mut p, c) = connected(&wrapping());
     let n = 40u64;
     let rbuf = buffer(&mut p, &c, B, n as usize * 64);
-    let recvs: Vec<_> = (0..n)
-        .map(|k| recv(k, &rbuf, k as usize * 64, 64))
-        .collect();
-    post_recvs(&mut p, &c, B, &recvs);
+    post_recvs(&mut p, &c, B, &recvs(n as usize, &rbuf, 64, 64));
     let src = filled(&mut p, &c, A, n as usize * 64, 4);
     let sends: Vec<_> = (0..n)
         .map(|k| send(100 + k, &src, k as usize * 64, 64, Some(k as u32 * 3)))

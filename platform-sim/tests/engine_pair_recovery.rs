@@ -217,9 +217,7 @@ fn a_full_send_queue_refuses_the_next_wr_naming_it() {
     let (mut p, c) = connected_with(cfg, &QpOptions::default());
     let src = filled(&mut p, &c, A, 600, 9);
     let dst = buffer(&mut p, &c, B, 600);
-    let wrs: Vec<_> = (0..6)
-        .map(|k| write(k, &src, k as usize * 100, &dst, k as usize * 100, 100))
-        .collect();
+    let wrs = writes(0, 6, &src, &dst, 100);
     let r = p.post_send(A, c.qp(A), &wrs);
     assert_eq!(r, Err((4, VerbsError::SendQueueFull)));
     let wcs = send_wcs(&mut p, &c, A, 4, ms(100));
@@ -246,14 +244,7 @@ fn a_receive_cq_overrun_is_counted_and_the_kept_completions_are_the_oldest() {
     };
     let (mut p, c) = connected_with(cfg, &QpOptions::default());
     let rbuf = buffer(&mut p, &c, B, 4 * 10);
-    post_recvs(
-        &mut p,
-        &c,
-        B,
-        &(0..4)
-            .map(|k| recv(k, &rbuf, k as usize * 10, 10))
-            .collect::<Vec<_>>(),
-    );
+    post_recvs(&mut p, &c, B, &recvs(4, &rbuf, 10, 10));
     let src = filled(&mut p, &c, A, 40, 10);
     let sends: Vec<_> = (0..4)
         .map(|k| send(k, &src, k as usize * 10, 10, Some(k as u32)))

@@ -111,9 +111,7 @@ fn unsignaled_writes_complete_silently_but_their_bytes_land_and_they_retire() {
     let (mut p, c) = default_pair();
     let src = filled(&mut p, &c, A, 4 * 5000, 4);
     let dst = buffer(&mut p, &c, B, 4 * 5000);
-    let mut wrs: Vec<_> = (0..4)
-        .map(|i| write(i, &src, i as usize * 5000, &dst, i as usize * 5000, 5000))
-        .collect();
+    let mut wrs = writes(0, 4, &src, &dst, 5000);
     wrs[1].signaled = false;
     wrs[2].signaled = false;
     post(&mut p, &c, A, &wrs);

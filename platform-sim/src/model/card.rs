@@ -200,10 +200,11 @@ impl Nic {
         rx_dma: Box<dyn DmaPort>,
         link: Box<dyn LinkPort>,
     ) -> std::io::Result<Nic> {
-        let shared = Shared::new(config, regs, CardClock::real());
-        let sender = link.sender()?;
-        let mut tx = TxEngine::new(Arc::clone(&shared), tx_dma, sender);
-        let mut rx = RxEngine::new(Arc::clone(&shared), rx_dma, link);
+        let SteppedNic {
+            shared,
+            mut tx,
+            mut rx,
+        } = SteppedNic::build(config, regs, tx_dma, rx_dma, link, CardClock::real())?;
         let name = shared.config.name.clone();
         let threads = vec![
             thread::Builder::new()
@@ -267,7 +268,26 @@ impl SteppedNic {
         link: Box<dyn LinkPort>,
         clock: VirtualClock,
     ) -> std::io::Result<Self> {
-        let shared = Shared::new(config, regs, CardClock::Virtual(clock));
+        Self::build(
+            config,
+            regs,
+            tx_dma,
+            rx_dma,
+            link,
+            CardClock::Virtual(clock),
+        )
+    }
+
+    /// Both sides of a card on `clock` (the threaded card runs them on its threads).
+    fn build(
+        config: NicConfig,
+        regs: Arc<RegisterFile>,
+        tx_dma: Box<dyn DmaPort>,
+        rx_dma: Box<dyn DmaPort>,
+        link: Box<dyn LinkPort>,
+        clock: CardClock,
+    ) -> std::io::Result<Self> {
+        let shared = Shared::new(config, regs, clock);
         let sender = link.sender()?;
         Ok(Self {
             tx: TxEngine::new(Arc::clone(&shared), tx_dma, sender),
@@ -310,17 +330,7 @@ impl SteppedNic {
             .min()
     }
 
-    /// The card's counters.
-    pub fn stats(&self) -> &NicStats {
-        &self.shared.stats
-    }
-
-    /// The card's register file.
-    pub fn regs(&self) -> &Arc<RegisterFile> {
-        &self.shared.regs
-    }
-
-    /// The shared state (for state dumps and tests).
+    /// The shared state: counters, register file, tables and windows.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }

@@ -184,3 +184,18 @@ pub fn post_recvs(p: &mut Pair, c: &Conn, side: Side, wrs: &[RecvWr]) {
         panic!("post_recv refused WR {i}: {e}");
     }
 }
+
+/// `n` signaled WRITEs of `len` bytes each with wr_ids `first..`: the k-th from
+/// `src + k * len` to `dst + k * len`.
+pub fn writes(first: u64, n: usize, src: &Mr, dst: &Mr, len: usize) -> Vec<SendWr> {
+    (0..n)
+        .map(|k| write(first + k as u64, src, k * len, dst, k * len, len))
+        .collect()
+}
+
+/// `n` receive WRs with wr_ids `0..n`, each `len` bytes at `buf + k * stride`.
+pub fn recvs(n: usize, buf: &Mr, stride: usize, len: usize) -> Vec<RecvWr> {
+    (0..n)
+        .map(|k| recv(k as u64, buf, k * stride, len))
+        .collect()
+}
