@@ -262,3 +262,141 @@ fn a_receive_cq_overrun_is_counted_and_the_kept_completions_are_the_oldest() {
         "the data of all four arrived"
     );
 }
+
+#[test]
+fn a_write_with_imm_without_a_receive_waits_and_writes_nothing_until_one_is_posted() {
+    let o = QpOptions {
+        min_rnr_timer: 12,
+        ..QpOptions::default()
+    };
+    let (mut p, c) = connected(&o);
+    let src = filled(&mut p, &c, A, 1000, 11);
+    let dst = buffer(&mut p, &c, B, 1000);
+    post(&mut p, &c, A, &[write_imm(1, &src, 0, &dst, 0, 1000, 3)]);
+    p.run_for(ms(5)).unwrap();
+    assert!(
+        p.bytes(&dst).iter().all(|&b| b == 0),
+        "nothing written before a receive WR"
+    );
+    assert!(p.stats(A).rnr_waits >= 1);
+    let rbuf = buffer(&mut p, &c, B, 8);
+    post_recvs(&mut p, &c, B, &[recv(9, &rbuf, 0, 8)]);
+    let wc = recv_wcs(&mut p, &c, B, 1, ms(100))[0];
+    assert_eq!((wc.wr_id, wc.imm_data, wc.byte_len), (9, 3, 1000));
+    assert!(p.bytes(&dst) == &pattern(1000, 11)[..]);
+}
+
+#[test]
+fn a_lost_nak_is_covered_by_the_timer() {
+    let (mut p, c) = connected(&fast());
+    let src = filled(&mut p, &c, A, 16 * PKT, 12);
+    let dst = buffer(&mut p, &c, B, 16 * PKT);
+    p.inject(Fault::Drop, Some(1), |f| {
+        f.from == Side::A && f.psn() == Some(4)
+    });
+    p.inject(Fault::Drop, Some(1), |f| {
+        matches!(f.kind, bluerdma_sim::pair::FrameKind::DriverNak { .. })
+    });
+    post(&mut p, &c, A, &[write(1, &src, 0, &dst, 0, 16 * PKT)]);
+    assert_eq!(
+        send_wcs(&mut p, &c, A, 1, ms(100))[0].status,
+        WcStatus::Success
+    );
+    assert!(p.bytes(&dst) == &pattern(16 * PKT, 12)[..]);
+    assert_eq!((p.stats(B).naks_sent, p.stats(A).timeouts), (1, 1));
+}
+
+#[test]
+fn a_packet_lost_every_time_fails_retry_exceeded_with_the_bytes_before_it_placed() {
+    let o = QpOptions {
+        timeout: 8,
+        retry_cnt: 2,
+        ..QpOptions::default()
+    };
+    let (mut p, c) = connected(&o);
+    let src = filled(&mut p, &c, A, 8 * PKT, 13);
+    let dst = buffer(&mut p, &c, B, 8 * PKT);
+    p.inject(Fault::Drop, None, |f| {
+        f.from == Side::A && f.psn() == Some(5)
+    });
+    post(&mut p, &c, A, &[write(1, &src, 0, &dst, 0, 8 * PKT)]);
+    let wc = send_wcs(&mut p, &c, A, 1, ms(100))[0];
+    assert_eq!(wc.status, WcStatus::RetryExcErr);
+    assert_eq!(p.stats(A).timeouts, 3, "retry_cnt + 1 expiries");
+    let first_resend = p.sent_by(Side::A).find(|f| f.is_retry()).unwrap().sent_ns;
+    assert_eq!(
+        p.now(),
+        first_resend + 3 * ib_timeout_ns(8),
+        "the NAK's resend starts the count"
+    );
+    assert!(p.bytes(&dst)[..5 * PKT] == pattern(8 * PKT, 13)[..5 * PKT]);
+    assert!(
+        p.bytes(&dst)[5 * PKT..6 * PKT].iter().all(|&b| b == 0),
+        "PSN 5 never landed"
+    );
+}
+
+#[test]
+fn a_zero_length_send_completes_a_receive_with_byte_len_0() {
+    let (mut p, c) = default_pair();
+    let rbuf = buffer(&mut p, &c, B, 16);
+    post_recvs(&mut p, &c, B, &[recv(1, &rbuf, 0, 16)]);
+    let src = filled(&mut p, &c, A, 16, 14);
+    post(&mut p, &c, A, &[send(1, &src, 0, 0, Some(8))]);
+    let wc = recv_wcs(&mut p, &c, B, 1, ms(100))[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len, wc.imm_data),
+        (1, WcStatus::Success, 0, 8)
+    );
+    assert!(p.bytes(&rbuf).iter().all(|&b| b == 0));
+    assert_eq!(
+        send_wcs(&mut p, &c, A, 1, ms(10))[0].status,
+        WcStatus::Success
+    );
+}
+
+#[test]
+fn go_back_n_from_a_psn_the_window_held_back_resends_only_from_there() {
+    let o = QpOptions {
+        pmtu: bluerdma_sim::core::mtu::Pmtu::Mtu256,
+        ..fast()
+    };
+    let (mut p, c) = connected(&o);
+    let src = filled(&mut p, &c, A, 300 * 256, 15);
+    let dst = buffer(&mut p, &c, B, 300 * 256);
+    p.inject(Fault::Drop, Some(1), |f| {
+        f.from == Side::A && f.psn() == Some(150)
+    });
+    post(&mut p, &c, A, &[write(1, &src, 0, &dst, 0, 300 * 256)]);
+    assert_eq!(
+        send_wcs(&mut p, &c, A, 1, ms(100))[0].status,
+        WcStatus::Success
+    );
+    assert!(p.bytes(&dst) == &pattern(300 * 256, 15)[..]);
+    let resent: Vec<u32> = p
+        .sent_by(Side::A)
+        .filter(|f| f.is_retry())
+        .filter_map(|f| f.psn())
+        .collect();
+    assert_eq!(resent.first(), Some(&150), "from the lost PSN: {resent:?}");
+    assert!(resent.windows(2).all(|w| w[1] == w[0] + 1));
+    assert_eq!(p.stats(A).timeouts, 0);
+}
+
+#[test]
+fn a_lost_first_packet_of_a_send_still_gives_the_whole_message_and_its_length() {
+    let (mut p, c) = connected(&fast());
+    let rbuf = buffer(&mut p, &c, B, 8 * PKT);
+    post_recvs(&mut p, &c, B, &[recv(1, &rbuf, 0, 8 * PKT)]);
+    let src = filled(&mut p, &c, A, 5 * PKT + 7, 16);
+    p.inject(Fault::Drop, Some(1), |f| {
+        f.from == Side::A && f.psn() == Some(0)
+    });
+    post(&mut p, &c, A, &[send(1, &src, 0, 5 * PKT + 7, Some(2))]);
+    let wc = recv_wcs(&mut p, &c, B, 1, ms(100))[0];
+    assert_eq!(
+        (wc.status, wc.byte_len, wc.imm_data),
+        (WcStatus::Success, 5 * PKT as u32 + 7, 2)
+    );
+    assert!(p.bytes(&rbuf)[..5 * PKT + 7] == pattern(5 * PKT + 7, 16)[..]);
+}
