@@ -591,6 +591,12 @@ impl Pair {
         self.oob().delay_ns[to.index()] = d.as_nanos() as u64;
     }
 
+    /// Lets at most `records` out-of-band records be in flight to `to` (`None`: any number);
+    /// a send beyond that fails with `WouldBlock`.
+    pub fn set_oob_capacity(&mut self, to: Side, records: Option<usize>) {
+        self.oob().capacity[to.index()] = records;
+    }
+
     /// Cuts the out-of-band channel: records in flight are lost, both engines learn their
     /// peer is gone at their next poll, and sends fail until [`Pair::restore_oob`].
     pub fn cut_oob(&mut self) {

@@ -1,8 +1,10 @@
 //! The out-of-band channel between the two engines of a [`super::Pair`]: records in order
 //! per direction, as the TCP channel delivers them (oob-channel.md), each visible to its
 //! receiver once the virtual clock reaches its send time plus the direction's delay. The
-//! test can delay a direction or cut the channel ("peer lost"): both ends then get
-//! [`OobEvent::PeerLost`], what was in flight is lost, and sends fail until it is restored.
+//! test can delay a direction, bound how many records it holds (sends beyond that fail with
+//! [`PlatformError::WouldBlock`], as the TCP channel's full queue does), or cut the channel
+//! ("peer lost"): both ends then get [`OobEvent::PeerLost`], what was in flight is lost,
+//! and sends fail until it is restored.
 
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
@@ -22,6 +24,8 @@ pub(super) struct OobWire {
     lanes: [VecDeque<(u64, OobEvent)>; 2],
     /// Delay of the records to each side (ns).
     pub(super) delay_ns: [u64; 2],
+    /// Most records in flight to each side (`None`: unbounded).
+    pub(super) capacity: [Option<usize>; 2],
     cut: bool,
     /// Records each side sent.
     pub(super) sent: [u64; 2],
@@ -33,6 +37,7 @@ impl OobWire {
             ips,
             lanes: Default::default(),
             delay_ns: [0; 2],
+            capacity: [None; 2],
             cut: false,
             sent: [0; 2],
         }))
@@ -95,6 +100,9 @@ impl PairOob {
         let to = me.peer();
         if w.cut || peer != w.ips[to.index()] {
             return Err(PlatformError::Disconnected { peer });
+        }
+        if w.capacity[to.index()].is_some_and(|c| w.lanes[to.index()].len() >= c) {
+            return Err(PlatformError::WouldBlock);
         }
         let at = now.saturating_add(w.delay_ns[to.index()]);
         w.lanes[to.index()].push_back((at, event));
