@@ -459,7 +459,8 @@ impl Pair {
     }
 
     /// Polls `cq` of `side` until `n` completions arrived (or `max` of virtual time
-    /// passed); returns them in order.
+    /// passed); returns them in order. On failure the completions taken so far are gone
+    /// with the error: a test that expects fewer polls with [`Pair::poll_cq`] instead.
     pub fn wait_completions(
         &mut self,
         side: Side,
