@@ -193,8 +193,10 @@ impl CommandQueue {
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<(), VerbsError> {
         loop {
+            // The time is read before the ring: a response there by then is in time.
+            let now = clock();
             self.poll(regs);
-            if let Some(r) = self.check(t, clock()) {
+            if let Some(r) = self.check(t, now) {
                 return r;
             }
             core::hint::spin_loop();

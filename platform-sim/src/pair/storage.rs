@@ -2,13 +2,14 @@
 //! [`super::PairConfig`], small by default so that a test's two engines cost little to open.
 
 use bluerdma_core::engine::{
-    CqSlot, EarlyRecv, MrSlot, QpSlot, Slices, Storage, WorkCompletion, Wqe,
+    CqSlot, EarlyRecv, MrSlot, QpSlot, QpTimers, Slices, Storage, WorkCompletion, Wqe,
 };
 
 /// The tables of one engine.
 pub struct PairStorage {
     qps: Vec<QpSlot>,
     wqes: Vec<Wqe>,
+    timers: Vec<QpTimers>,
     cqs: Vec<CqSlot>,
     cqes: Vec<WorkCompletion>,
     mrs: Vec<MrSlot>,
@@ -30,6 +31,7 @@ impl PairStorage {
         Self {
             qps: vec![QpSlot::default(); qps],
             wqes: vec![Wqe::default(); qps * sq_depth],
+            timers: vec![QpTimers::default(); qps],
             cqs: vec![CqSlot::default(); cqs],
             cqes: vec![WorkCompletion::EMPTY; cqs * cq_depth],
             mrs: vec![MrSlot::default(); mrs],
@@ -44,6 +46,7 @@ impl Storage for PairStorage {
         Slices {
             qps: &mut self.qps,
             wqes: &mut self.wqes,
+            timers: &mut self.timers,
             cqs: &mut self.cqs,
             cqes: &mut self.cqes,
             mrs: &mut self.mrs,
