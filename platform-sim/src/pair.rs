@@ -228,9 +228,11 @@ pub struct Pair {
 
 /// Runs a verb that waits for command responses. The clock handed to it executes the
 /// card's command ring whenever the engine reads it, so a response is there by the time
-/// the engine looks; from the second read in a row that finds no command to execute, each
-/// read moves the virtual clock 1 ms, so a command the card never answers ends in the
-/// engine's command timeout rather than a spin.
+/// the engine looks; after [`IDLE_READS_PER_MS`] reads in a row that find no command to
+/// execute, each read moves the virtual clock 1 ms, so a command the card never answers
+/// ends in the engine's command timeout rather than a spin.
+const IDLE_READS_PER_MS: u32 = 64;
+
 fn with_command_clock<R>(
     card: &mut SteppedNic,
     clock: &VirtualClock,
@@ -242,7 +244,10 @@ fn with_command_clock<R>(
             idle_reads = 0;
         } else {
             idle_reads += 1;
-            if idle_reads > 1 {
+            // A verb reads the clock a few times per command (before it submits, while it
+            // waits); only a card that stays idle through many reads lets time pass, so a
+            // command the card never answers still times out, in virtual time.
+            if idle_reads > IDLE_READS_PER_MS {
                 clock.advance_by(1_000_000);
             }
         }

@@ -360,7 +360,6 @@ fn without_the_channel_writes_still_work_and_a_new_send_fails_at_once() {
 }
 
 #[test]
-#[ignore = "engine bug: a receive WR whose announcement the out-of-band transport refused with WouldBlock (its queue full) is not announced again when the queue drains: poll never retries, only the next post_recv does, so the peer's SENDs wait for receive WRs that are posted"]
 fn receives_refused_by_a_full_channel_are_announced_once_it_drains() {
     let (mut p, c) = default_pair();
     p.set_oob_capacity(A, Some(2));

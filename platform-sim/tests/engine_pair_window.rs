@@ -8,6 +8,7 @@ mod common;
 use bluerdma_sim::core::engine::WcStatus;
 use bluerdma_sim::core::mtu::Pmtu;
 use bluerdma_sim::core::transport::Psn;
+use bluerdma_sim::pair::PairError;
 use bluerdma_sim::pair::{Fault, FrameInfo, FrameKind, Pair, PairConfig, QpOptions, Side};
 use common::*;
 
@@ -187,8 +188,7 @@ fn the_quiet_timer_report_lets_the_receiver_acknowledge_middle_packets() {
 }
 
 #[test]
-#[ignore = "engine bug: modify_qp takes an rq_psn in 0x7FFFF0..0xFFFF7F, where the card's reset window takes every PSN as stale (review P5/P6) for good: the receiver never learns of MIDDLE packets, so every multi-packet message costs a full timeout and a resend of all of it; modify_qp should refuse such a PSN (today only the verbs layer remaps it)"]
-fn a_first_psn_the_card_cannot_take_is_refused_or_works() {
+fn a_first_psn_the_card_cannot_take_is_refused_and_the_error_says_why() {
     let o = QpOptions {
         psn: [0x80_0000, 0x80_0000],
         timeout: 8,
@@ -196,15 +196,29 @@ fn a_first_psn_the_card_cannot_take_is_refused_or_works() {
         ..QpOptions::default()
     };
     let mut p = Pair::new().unwrap();
-    let Ok(c) = p.connect(&o) else {
-        return; // Refused at modify_qp: the clear error this test asks for.
+    let err = match p.connect(&o) {
+        Err(PairError::Verbs(e)) => e.to_string(),
+        Err(other) => panic!("not the verb's error: {other}"),
+        Ok(_) => panic!("modify_qp took a first PSN the card's reset window takes as stale"),
     };
-    let src = filled(&mut p, &c, A, 16 * PKT, 6);
-    let dst = buffer(&mut p, &c, B, 16 * PKT);
-    post(&mut p, &c, A, &[write(1, &src, 0, &dst, 0, 16 * PKT)]);
-    let wc = send_wcs(&mut p, &c, A, 1, ms(100))[0];
-    assert_eq!(wc.status, WcStatus::Success);
-    assert!(p.bytes(&dst) == &pattern(16 * PKT, 6)[..]);
-    assert_eq!(p.nic_stats(B).stale_psns, 0, "card: {}", p.nic_stats(B));
-    assert_eq!(p.stats(A).timeouts, 0, "a clean wire needs no timeout");
+    assert!(
+        err.contains("0x7FFFF0..=0xFFFF7F") && err.contains("stale"),
+        "{err}"
+    );
+    // Just outside the range on either side works.
+    for psn in [0x7F_FFEF, 0xFF_FF80] {
+        let o = QpOptions {
+            psn: [psn, psn],
+            ..QpOptions::default()
+        };
+        let mut p = Pair::new().unwrap();
+        let c = p.connect(&o).unwrap();
+        let src = filled(&mut p, &c, A, 16 * PKT, 6);
+        let dst = buffer(&mut p, &c, B, 16 * PKT);
+        post(&mut p, &c, A, &[write(1, &src, 0, &dst, 0, 16 * PKT)]);
+        let wc = send_wcs(&mut p, &c, A, 1, ms(100))[0];
+        assert_eq!(wc.status, WcStatus::Success, "first PSN {psn:#x}");
+        assert!(p.bytes(&dst) == &pattern(16 * PKT, 6)[..]);
+        assert_eq!(p.nic_stats(B).stale_psns, 0, "card: {}", p.nic_stats(B));
+    }
 }

@@ -239,7 +239,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.qp(i).attrs.state = QpState::Err;
         self.timers(i).set(Timer::Retransmit, None);
         self.retire_head(i, status);
-        self.flush_qp(i);
+        self.enter_error(i);
     }
 
     /// Completes every outstanding WQE and receive WR of QP `i` with WR_FLUSH_ERR.

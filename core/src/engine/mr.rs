@@ -300,7 +300,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Collects the job's finished commands and submits what may go next; returns whether
     /// anything changed.
     fn advance_mr_job(&mut self, j: usize, now: Instant) -> bool {
-        let Some(mut job) = self.mr_jobs[j] else {
+        let Some(mut job) = self.mr_jobs[j].filter(|job| !job.done) else {
             return false;
         };
         let mut changed = false;

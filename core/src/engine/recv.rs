@@ -87,6 +87,11 @@ impl RecvQueue {
         self.recvs.len()
     }
 
+    /// Receive WRs wait to be announced.
+    pub(crate) fn has_unannounced(&self) -> bool {
+        self.to_announce > 0
+    }
+
     /// Nothing is left to announce (the QP was flushed).
     pub(crate) fn forget_unannounced(&mut self) {
         self.to_announce = 0;
@@ -151,7 +156,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// Tells the peer about receive WRs posted since the last announcement, once the QP
     /// knows its peer (RTR or later). A record the transport cannot take now stays pending.
-    fn announce_recvs(&mut self, i: QpIndex) {
+    pub(crate) fn announce_recvs(&mut self, i: QpIndex) {
         let Some(oob) = self.oob.as_mut() else {
             return;
         };
@@ -251,8 +256,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.stats.peers_lost += 1;
             self.qp(i).rq.oob_lost = true;
             if waiting {
-                self.qp(i).attrs.state = QpState::Err;
-                self.flush_qp(i);
+                self.enter_error(i);
             }
         }
     }
@@ -340,8 +344,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             rec.wr_id
         );
         self.fail_recv(i, WcStatus::LocLenErr);
-        self.qp(i).attrs.state = QpState::Err;
-        self.flush_qp(i);
+        self.enter_error(i);
     }
 
     /// After QP `i` reached RTR: announce its receive WRs and take the peer's that came

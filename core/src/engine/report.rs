@@ -220,11 +220,31 @@ impl<P: Platform, S: Storage> Device<P, S> {
             MsgKind::Send | MsgKind::SendImm => WcOpcode::Recv,
         };
         let q = self.qp(i);
-        let r = q.rq.pop();
-        let (qpn, peer, cq) = (q.attrs.qpn, q.attrs.dest_qpn, q.attrs.recv_cq);
+        // A QP in ERR completes nothing more (its receive WRs were flushed; the card was told
+        // to drop its packets, but reports already on the ring still come).
+        let r = if q.attrs.connected() {
+            q.rq.pop()
+        } else {
+            None
+        };
+        let (qpn, peer, cq, state) = (
+            q.attrs.qpn,
+            q.attrs.dest_qpn,
+            q.attrs.recv_cq,
+            q.attrs.state,
+        );
+        let Some(r) = r else {
+            self.stats.recvs_missing += 1;
+            core_warn!(
+                "QP {:#x}: a message that consumes a receive WR arrived with none posted (state {}): no completion",
+                qpn.get(),
+                state
+            );
+            return;
+        };
         let with_imm = m.kind != MsgKind::Send;
         let wc = WorkCompletion {
-            wr_id: r.map(|r| r.wr_id).unwrap_or(0),
+            wr_id: r.wr_id,
             status: WcStatus::Success,
             opcode,
             byte_len: m.len,

@@ -237,6 +237,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         wrs: &[SendWr],
         now: Instant,
     ) -> Result<(), (usize, VerbsError)> {
+        self.now = now;
         let i = self.qp_index(qpn).map_err(|e| (0, e))?;
         for (k, wr) in wrs.iter().enumerate() {
             let w = self.validate(i, wr).map_err(|e| (k, e))?;
@@ -420,8 +421,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let Some(r) = self.qp(i).rq.next_remote() else {
             if self.qp(i).rq.peer_lost() {
                 // No receive WR can be announced any more.
-                self.qp(i).attrs.state = QpState::Err;
-                self.flush_qp(i);
+                self.enter_error(i);
                 return false;
             }
             let wait = Nanos::ib_rnr_timer(self.qp(i).attrs.min_rnr_timer);
