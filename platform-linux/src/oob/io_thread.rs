@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 
+use super::auth::Auth;
 use super::machine::{Action, Closed, Machine, Token};
 use super::{Shared, TcpOobConfig};
 
@@ -84,6 +85,7 @@ impl IoLoop {
     pub(super) fn new(
         shared: Arc<Shared>,
         cfg: TcpOobConfig,
+        auth: Auth,
         local: SocketAddrV4,
         listener: Socket,
     ) -> Self {
@@ -91,7 +93,7 @@ impl IoLoop {
         let counters = Arc::clone(&shared.counters);
         IoLoop {
             shared,
-            machine: Machine::new(cfg, local, counters, Instant::now()),
+            machine: Machine::new(cfg, local, auth, counters, Instant::now()),
             local,
             peer_port,
             listener,

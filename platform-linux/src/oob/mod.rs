@@ -3,31 +3,53 @@
 //!
 //! A [`TcpOob`] belongs to one device IP. It listens on `device_ip:60000` ([`OOB_PORT`],
 //! configurable) and keeps **one TCP connection per peer IP**, shared by all QPs and used in
-//! both directions. Each connection starts with a [`Hello`] from each side (magic, version,
-//! capabilities, device IP), then carries 32-byte records back to back
+//! both directions. Each connection starts with a handshake, a hello (magic, version,
+//! capabilities, device IP, a fresh nonce) and a proof of the shared secret from each side
+//! (see *Authentication*), then carries 32-byte records back to back
 //! ([`bluerdma_core::oob`] has the layout): receive-WR records and, to a peer whose hello
-//! announces [`LENGTH_ERRORS`](bluerdma_core::oob::Capabilities::LENGTH_ERRORS), receive-WR-too-short records. Such a record
-//! queued for a peer without the capability is dropped when it would be written (counted in
-//! [`TcpOobStats::records_withheld`]), so that peer sees only the compatible record.
+//! announces [`LENGTH_ERRORS`](bluerdma_core::oob::Capabilities::LENGTH_ERRORS),
+//! receive-WR-too-short records. Such a record queued for a peer without the capability is
+//! dropped when it would be written (counted in [`TcpOobStats::records_withheld`]), so
+//! that peer sees only the compatible record.
 //!
 //! # Connections
 //! - Whichever side sends first dials. The dialer binds its own device IP before
 //!   connecting, so the listener knows which device talks even when several share a host;
 //!   the listener checks that the hello's device IP is the connection's source address.
-//! - The dialer sends its hello at once; the listener answers with its own hello when it
-//!   takes the connection as the peer's connection. No record is written before both
-//!   hellos, so a connection that is refused carried nothing.
+//! - The dialer sends its hello at once; the listener answers with its hello; the dialer
+//!   sends its proof; the listener, once the proof holds, decides whether the connection
+//!   becomes the peer's (the rules below) and if so sends its own proof, which opens the
+//!   connection on both sides. No record is written before that, so a connection that is
+//!   refused carried nothing.
 //! - **Both sides dial at once**: the connection dialed by the lower IP is kept. The lower
-//!   side refuses the higher side's dial (closes it without a hello) while its own dial is
+//!   side refuses the higher side's dial (closes it before its proof) while its own dial is
 //!   pending or open; the higher side takes the lower side's dial and drops its own. A higher
-//!   side whose dial is closed before the hello waits one hello timeout for the lower side's
+//!   side whose dial is closed in its handshake waits one hello timeout for the lower side's
 //!   connection before it gives up. Both end with the same single connection, and records
 //!   queued meanwhile wait and go out on it.
 //! - A peer that dials again while its connection is open has restarted (the driver never
-//!   opens a second connection otherwise): the old connection is dropped with
-//!   [`OobEvent::PeerLost`] and the new one replaces it. The one exception is the stale race
-//!   dial above (the higher side dialing while the lower side's own connection is open),
-//!   which is refused.
+//!   opens a second connection otherwise): once the new connection's proof holds, the old
+//!   connection is dropped with [`OobEvent::PeerLost`] and the new one replaces it. The one
+//!   exception is the stale race dial above (the higher side dialing while the lower side's
+//!   own connection is open), which is refused.
+//!
+//! # Authentication
+//! The hello's device IP only says where a connection comes from, and any local process
+//! can bind a loopback address. So each side proves that it holds the devices' shared
+//! secret ([`OobKey`]: a key file, by default one created 0600 for this user) with
+//! HMAC-SHA256 over both hellos, whose nonces are fresh for each connection (`auth`).
+//! Nothing is decided before the proof: a spoofed hello (wrong or no proof) or a replayed
+//! one (the proof was made for other nonces) is refused with a logged error and a closed
+//! connection, and the live connection, a dial under way and the queued records are not
+//! touched. Two devices with different keys both log that the proof does not match,
+//! naming the key file; the dialer reports the peer lost.
+//!
+//! This is protocol version 2. A version-1 peer (no nonce, no proof) is refused with an
+//! error naming both versions, like any other version: there is no unauthenticated
+//! fallback, which anyone could claim. Records are not encrypted nor authenticated one by
+//! one: the channel protects against processes and hosts that do not hold the key and
+//! cannot alter the TCP stream, not against an eavesdropper or a machine in the middle
+//! (README.md, "The out-of-band channel's security").
 //!
 //! # Threads and queues
 //! [`OobTransport::send`] and [`OobTransport::poll`] never block on the network: `send`
@@ -43,11 +65,11 @@
 //!   ends in [`OobEvent::PeerLost`]; the records still queued for that peer are dropped
 //!   (the engine errors the QPs that depend on it). A later send dials a new connection.
 //! - Garbage on the port (bad magic, another protocol version, a truncated message, a hello
-//!   whose IP is not the source address) gets a logged error naming the problem and a
-//!   closed connection. A peer speaking another version receives this side's hello before
-//!   the close, so both sides can name the mismatch.
+//!   whose IP is not the source address, a proof that does not match) gets a logged error
+//!   naming the problem and a closed connection. A peer speaking another version receives
+//!   this side's hello before the close, so both sides can name the mismatch.
 //! - At most `max_handshaking` accepted connections (`max_handshaking_per_ip` per source
-//!   address) may wait for their hello, each for `hello_timeout`; more are closed at once.
+//!   address) may be in their handshake, each for `hello_timeout`; more are closed at once.
 //!   Per-connection memory is the decoder's 32 bytes and a bounded write buffer; the event
 //!   queue is bounded (reading pauses while it is full, so TCP pushes back on the peer)
 //!   and so is each peer's send queue ([`PlatformError::WouldBlock`] when full).
@@ -55,6 +77,8 @@
 //!   never became a peer's and 20 for peers; [`TcpOobStats`] counts everything.
 //! - A second `TcpOob` on the same IP and port, in this or another process, fails with
 //!   [`TcpOobError::Listen`], which says that another driver instance owns the address.
+//!   A key that cannot be used (missing file, readable by others, too short) fails
+//!   `bind` with [`TcpOobError::Key`], which names the file and the problem.
 //!
 //! # Use by the engine
 //! - One `TcpOob` per opened device: `TcpOob::bind(TcpOobConfig::new(device_ip))` is the
@@ -72,16 +96,16 @@
 //!
 //! # Layout
 //! - `machine`: the connection protocol above as a state machine without sockets,
-//!   threads or clock (its tests are `machine_tests`);
+//!   threads or clock (with its tests); `auth`: the proofs; `key`: the secret;
 //! - `io_thread`: the I/O thread, sockets and the `poll(2)` loop that feed the machine;
 //! - `queues`: the bounded per-peer send queues; `stats`: [`TcpOobStats`];
 //!   `waker`: the eventfd that wakes the I/O thread; `log_budget`: log rate limits.
 
+mod auth;
 mod io_thread;
+mod key;
 mod log_budget;
 mod machine;
-#[cfg(test)]
-mod machine_tests;
 mod queues;
 mod stats;
 mod waker;
@@ -98,7 +122,9 @@ use std::time::Duration;
 use bluerdma_core::oob::{Record, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
+use auth::Auth;
 use io_thread::IoLoop;
+pub use key::{KeyError, OobKey, OobSecret, KEY_ENV, MIN_SECRET_LEN};
 use queues::Outbox;
 use stats::Counters;
 pub use stats::TcpOobStats;
@@ -130,12 +156,14 @@ pub struct TcpOobConfig {
     pub max_queued_per_peer: usize,
     /// Events waiting for `poll`; reading from the network pauses beyond.
     pub max_events: usize,
+    /// The secret this device shares with its peers ([`OobKey::Default`]: the host's).
+    pub key: OobKey,
 }
 
 impl TcpOobConfig {
     /// The defaults for `device_ip`: port 60000, 3 s to connect and to say hello, 256
     /// connections waiting for their hello (16 per source), 1024 peers, 65536 queued records
-    /// per peer (2 MiB) and 65536 events.
+    /// per peer (2 MiB), 65536 events, and the default key ([`OobKey::Default`]).
     pub fn new(device_ip: Ipv4Addr) -> Self {
         TcpOobConfig {
             device_ip,
@@ -148,6 +176,7 @@ impl TcpOobConfig {
             max_peers: 1024,
             max_queued_per_peer: 65536,
             max_events: 65536,
+            key: OobKey::Default,
         }
     }
 }
@@ -164,6 +193,8 @@ pub enum TcpOobError {
     },
     /// The I/O thread or its wake-up descriptor could not be created.
     Setup(io::Error),
+    /// The OOB secret could not be loaded.
+    Key(KeyError),
 }
 
 impl fmt::Display for TcpOobError {
@@ -190,6 +221,7 @@ impl fmt::Display for TcpOobError {
                 }
             }
             TcpOobError::Setup(e) => write!(f, "cannot start the OOB channel's I/O thread: {e}"),
+            TcpOobError::Key(e) => write!(f, "cannot authenticate the OOB channel: {e}"),
         }
     }
 }
@@ -198,6 +230,7 @@ impl std::error::Error for TcpOobError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             TcpOobError::Listen { source, .. } | TcpOobError::Setup(source) => Some(source),
+            TcpOobError::Key(e) => Some(e),
         }
     }
 }
@@ -219,8 +252,14 @@ impl fmt::Debug for TcpOob {
 }
 
 impl TcpOob {
-    /// Listens on `config.device_ip:config.port` and starts the I/O thread.
+    /// Loads the key, listens on `config.device_ip:config.port` and starts the I/O thread.
     pub fn bind(config: TcpOobConfig) -> Result<TcpOob, TcpOobError> {
+        let (secret, source) = config.key.load().map_err(TcpOobError::Key)?;
+        let auth = Auth {
+            secret,
+            source: source.clone(),
+            nonces: auth::random_nonces(),
+        };
         let addr = SocketAddrV4::new(config.device_ip, config.port);
         let listen_err = |source| TcpOobError::Listen { addr, source };
         let listener = io_thread::listen(addr).map_err(listen_err)?;
@@ -243,12 +282,12 @@ impl TcpOob {
             waker: Waker::new().map_err(TcpOobError::Setup)?,
             counters: Arc::new(Counters::default()),
         });
-        let io = IoLoop::new(Arc::clone(&shared), config, local_addr, listener);
+        let io = IoLoop::new(Arc::clone(&shared), config, auth, local_addr, listener);
         let io_thread = thread::Builder::new()
             .name(format!("oob-{}", local_addr.ip()))
             .spawn(move || io.run())
             .map_err(TcpOobError::Setup)?;
-        log::info!("OOB {local_addr}: listening");
+        log::info!("OOB {local_addr}: listening (OOB secret: {source})");
         Ok(TcpOob {
             shared,
             local_addr,

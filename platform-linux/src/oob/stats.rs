@@ -50,16 +50,19 @@ counters! {
     established,
     /// Gauge: peer connections open now.
     open_connections,
-    /// Gauge: accepted connections waiting for their hello now.
+    /// Gauge: accepted connections in their handshake (hello and proof) now.
     handshaking,
     /// Accepted connections closed at once because too many waited for their hello.
     refused_over_limit,
-    /// Connections closed because their hello did not arrive in time.
+    /// Connections closed because their hello (or proof) did not arrive in time.
     hello_timeouts,
     /// Connections closed for bytes that break the protocol (any of the kinds below too).
     protocol_errors,
     /// Of the protocol errors: a peer speaking another protocol version.
     version_mismatches,
+    /// Of the protocol errors: a proof of the OOB secret that did not match (another key,
+    /// or a spoofed or replayed hello).
+    auth_failures,
     /// Connections closed by the tie-break when both sides dialed.
     race_closed,
     /// Dials that failed to connect.

@@ -20,146 +20,17 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bluerdma_core::oob::{Capabilities, Hello, OobDecoder, OobError, OobMessage, RECV_WR_LEN};
+use bluerdma_core::oob::{Capabilities, Hello, OobError, OobMessage, RECV_WR_LEN};
 use bluerdma_core::platform::OobEvent;
 
+use super::auth::Auth;
 use super::log_budget::LogBudget;
 use super::queues::{withhold_too_short, Outbox};
 use super::stats::Counters;
 use super::TcpOobConfig;
 
-/// Names one connection between the machine and the socket layer.
-pub(super) type Token = u64;
-
 /// A connection takes more queued records only while it has less than this to write.
 pub(super) const CONN_OUT_HIGH: usize = 64 * 1024;
-
-/// What the socket layer must do for the machine.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Action {
-    /// Open a TCP connection from the device IP to `peer` on the peer port, then report
-    /// [`Machine::on_connected`] or [`Machine::on_connect_failed`] for `token`.
-    Dial {
-        /// The connection's name from now on.
-        token: Token,
-        /// Whom to dial.
-        peer: Ipv4Addr,
-    },
-    /// Close the connection (the machine has forgotten it). `last_words` are written first
-    /// if the socket takes them at once.
-    Close {
-        /// The connection.
-        token: Token,
-        /// Bytes to try to send before closing (usually none).
-        last_words: Vec<u8>,
-    },
-}
-
-/// How a connection ended, as the socket layer saw it.
-#[derive(Debug)]
-pub(super) enum Closed<'a> {
-    /// The peer closed it (a read returned 0).
-    Eof,
-    /// A read failed.
-    Read(&'a io::Error),
-    /// A write failed.
-    Write(&'a io::Error),
-}
-
-/// What the socket layer waits for on a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Interest {
-    /// A dial waiting for its TCP connect (writable means done).
-    pub(super) connecting: bool,
-    /// Both hellos are through: records flow (reading may pause when events pile up).
-    pub(super) open: bool,
-    /// The machine has bytes for it ([`Machine::output`]).
-    pub(super) has_output: bool,
-}
-
-/// The state of the link to one peer.
-#[derive(Clone, Copy, Debug)]
-enum PeerLink {
-    /// Our dial is under way.
-    Dialing(Token),
-    /// Both sides dialed and ours was refused: the lower-IP peer's dial should arrive.
-    AwaitingPeer { until: Instant },
-    /// The connection is open.
-    Connected(Token),
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    /// A dial waiting for the TCP connect.
-    Connecting { until: Instant },
-    /// Waiting for the other side's hello.
-    Hello { until: Instant },
-    /// Records flow.
-    Open,
-}
-
-struct Conn {
-    /// The dialed peer, or the accepted connection's source address.
-    peer: Ipv4Addr,
-    dialed: bool,
-    phase: Phase,
-    decoder: OobDecoder,
-    /// The capabilities of the peer's hello (empty before it).
-    peer_caps: Capabilities,
-    out: Vec<u8>,
-    out_pos: usize,
-}
-
-impl Conn {
-    fn new(peer: Ipv4Addr, dialed: bool, phase: Phase) -> Self {
-        Conn {
-            peer,
-            dialed,
-            phase,
-            decoder: OobDecoder::new(),
-            peer_caps: Capabilities::empty(),
-            out: Vec::new(),
-            out_pos: 0,
-        }
-    }
-
-    fn pending_out(&self) -> usize {
-        self.out.len() - self.out_pos
-    }
-
-    /// An accepted connection still waiting for its hello (it holds a handshake slot).
-    fn holds_handshake_slot(&self) -> bool {
-        !self.dialed && matches!(self.phase, Phase::Hello { .. })
-    }
-}
-
-/// Accepted connections waiting for their hello, in all and per source address.
-#[derive(Default)]
-struct Handshakes {
-    total: usize,
-    by_ip: HashMap<Ipv4Addr, usize>,
-}
-
-impl Handshakes {
-    fn from(&self, src: Ipv4Addr) -> usize {
-        self.by_ip.get(&src).copied().unwrap_or(0)
-    }
-
-    fn begin(&mut self, src: Ipv4Addr) {
-        self.total += 1;
-        *self.by_ip.entry(src).or_default() += 1;
-    }
-
-    fn end(&mut self, src: Ipv4Addr) {
-        self.total = self.total.saturating_sub(1);
-        if let Some(n) = self.by_ip.get_mut(&src) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.by_ip.remove(&src);
-            }
-        }
-    }
-}
 
 /// Logs a message caused by the network within one of the machine's log budgets:
 /// `garbage_log` for connections that never became a peer's link, `link_log` for peers.
@@ -171,11 +42,20 @@ macro_rules! net_log {
     };
 }
 
+mod conn;
+mod handshake;
+#[cfg(test)]
+mod tests;
+
+pub(super) use conn::{Action, Closed, Interest, Token};
+use conn::{Conn, Handshakes, PeerLink, Phase};
+
 /// The connections and peer links of one device's OOB channel (see the module docs).
 pub(super) struct Machine {
     cfg: TcpOobConfig,
     local: SocketAddrV4,
     peer_port: u16,
+    auth: Auth,
     counters: Arc<Counters>,
     /// The time of the input being handled.
     now: Instant,
@@ -194,10 +74,11 @@ pub(super) struct Machine {
 
 impl Machine {
     /// A machine for the listener at `local` (its IP is the device IP), dialing peers on
-    /// `cfg.peer_port` (or `local`'s port).
+    /// `cfg.peer_port` (or `local`'s port), proving and checking `auth`'s secret.
     pub(super) fn new(
         cfg: TcpOobConfig,
         local: SocketAddrV4,
+        auth: Auth,
         counters: Arc<Counters>,
         now: Instant,
     ) -> Self {
@@ -206,6 +87,7 @@ impl Machine {
             cfg,
             local,
             peer_port,
+            auth,
             counters,
             now,
             conns: HashMap::new(),
@@ -239,7 +121,8 @@ impl Machine {
 
     /// Drops what `outbox` still queues for the peers lost since the last call and logs
     /// each loss. Call it with the events of [`Machine::take_events`], under the same lock
-    /// that guards `outbox`, so the caller's side sees both at once.
+    /// that guards `outbox`, so the caller's side sees both at once
+    /// ([`Machine::take_outbox`] also calls it first).
     pub(super) fn purge(&mut self, outbox: &mut Outbox) {
         for (peer, why) in std::mem::take(&mut self.lost) {
             let dropped = outbox.drop_peer(peer);
@@ -302,10 +185,7 @@ impl Machine {
 
     /// The earliest time [`Machine::on_tick`] has something to do.
     pub(super) fn next_deadline(&self) -> Option<Instant> {
-        let conns = self.conns.values().filter_map(|c| match c.phase {
-            Phase::Connecting { until } | Phase::Hello { until } => Some(until),
-            Phase::Open => None,
-        });
+        let conns = self.conns.values().filter_map(|c| c.phase.deadline());
         let peers = self.peers.values().filter_map(|p| match p {
             PeerLink::AwaitingPeer { until } => Some(*until),
             _ => None,
@@ -319,6 +199,9 @@ impl Machine {
     /// [`CONN_OUT_HIGH`] to write) and dials the peers that have no link.
     pub(super) fn take_outbox(&mut self, outbox: &mut Outbox, now: Instant) {
         self.now = now;
+        // What was queued for a peer lost since the last purge goes, rather than dialing
+        // it again.
+        self.purge(outbox);
         let mut to_dial = Vec::new();
         let counters = &self.counters;
         outbox.drain_with(|peer, queued| match self.peers.get(&peer) {
@@ -382,15 +265,23 @@ impl Machine {
         Some(token)
     }
 
-    /// A dial's TCP connect completed: send the hello.
+    /// A dial's TCP connect completed: send the hello, with a fresh nonce.
     pub(super) fn on_connected(&mut self, token: Token, now: Instant) {
         self.now = now;
-        let hello = Hello::new(self.ip()).to_bytes();
+        let nonce = match (self.auth.nonces)() {
+            Ok(nonce) => nonce,
+            Err(e) => {
+                let why = format!("cannot draw a nonce for the hello: {e}");
+                return self.conn_failed(token, &why, false);
+            }
+        };
+        let hello = Hello::new(self.ip()).with_nonce(nonce).to_bytes();
         let until = now + self.cfg.hello_timeout;
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
         conn.phase = Phase::Hello { until };
+        conn.hellos[0] = hello;
         conn.out.extend_from_slice(&hello);
     }
 
@@ -411,8 +302,9 @@ impl Machine {
         while let Some(conn) = self.conns.get_mut(&token) {
             let event = match conn.decoder.decode(&mut input) {
                 Ok(None) => return true,
-                // The decoder yields records only after the hello, which opened the
-                // connection.
+                // The decoder yields records only after the proof, which opened the
+                // connection (the listener's side) or was the last thing read before
+                // the listener opened it (the dialer's).
                 Ok(Some(OobMessage::RecvWr(wr))) => OobEvent::RecvWr {
                     from: conn.peer,
                     wr,
@@ -423,6 +315,12 @@ impl Machine {
                 },
                 Ok(Some(OobMessage::Hello(hello))) => {
                     if !self.on_hello(token, hello) {
+                        return false;
+                    }
+                    continue;
+                }
+                Ok(Some(OobMessage::Proof(proof))) => {
+                    if !self.on_proof(token, proof) {
                         return false;
                     }
                     continue;
@@ -444,7 +342,7 @@ impl Machine {
         let Some(conn) = self.conns.get(&token) else {
             return;
         };
-        let before_hello = matches!(conn.phase, Phase::Hello { .. });
+        let before_open = conn.phase.handshaking();
         let peer = conn.peer;
         match how {
             Closed::Eof => {
@@ -452,17 +350,17 @@ impl Machine {
                     self.protocol_error(token, e);
                     return;
                 }
-                let why = if before_hello {
-                    format!("{peer} closed the connection before its hello")
-                } else {
-                    format!("{peer} closed the connection")
+                let why = match conn.phase {
+                    Phase::Hello { .. } => format!("{peer} closed the connection before its hello"),
+                    Phase::Proof { .. } => format!("{peer} closed the connection before its proof"),
+                    _ => format!("{peer} closed the connection"),
                 };
-                self.conn_failed(token, &why, before_hello);
+                self.conn_failed(token, &why, before_open);
             }
             Closed::Read(e) => {
-                // A reset before the hello is a refusal, like a close (the refusing side
+                // A reset in the handshake is a refusal, like a close (the refusing side
                 // resets when it had unread bytes).
-                let refused = before_hello && e.kind() == io::ErrorKind::ConnectionReset;
+                let refused = before_open && e.kind() == io::ErrorKind::ConnectionReset;
                 self.conn_failed(token, &format!("read from {peer} failed: {e}"), refused);
             }
             Closed::Write(e) => {
@@ -477,10 +375,7 @@ impl Machine {
         let mut expired: Vec<(Token, Phase)> = self
             .conns
             .iter()
-            .filter(|(_, c)| match c.phase {
-                Phase::Connecting { until } | Phase::Hello { until } => until <= now,
-                Phase::Open => false,
-            })
+            .filter(|(_, c)| c.phase.deadline().is_some_and(|until| until <= now))
             .map(|(&t, c)| (t, c.phase))
             .collect();
         expired.sort_by_key(|&(t, _)| t);
@@ -496,15 +391,19 @@ impl Machine {
             } else {
                 Counters::add(&self.counters.hello_timeouts, 1);
                 let timeout = self.cfg.hello_timeout;
+                let what = match phase {
+                    Phase::Hello { .. } => "hello",
+                    _ => "proof",
+                };
                 if !dialed {
                     net_log!(
                         self,
                         garbage_log,
                         log::Level::Warn,
-                        "dropping a connection from {peer}: no hello within {timeout:?}"
+                        "dropping a connection from {peer}: no {what} within {timeout:?}"
                     );
                 }
-                format!("no hello from {peer} within {timeout:?}")
+                format!("no {what} from {peer} within {timeout:?}")
             };
             self.conn_failed(token, &why, false);
         }
@@ -545,119 +444,20 @@ impl Machine {
         self.actions.push_back(Action::Dial { token, peer });
     }
 
-    /// The other side's hello arrived: check it and decide which connection the peer
-    /// keeps (module docs). `false` if this connection was closed.
-    fn on_hello(&mut self, token: Token, hello: Hello) -> bool {
-        let Some(conn) = self.conns.get(&token) else {
-            return false;
-        };
-        let (peer, dialed) = (conn.peer, conn.dialed);
-        let refusal = if hello.device_ip != peer {
-            Some(format!(
-                "its hello names device {} but the connection comes from {peer}",
-                hello.device_ip
-            ))
-        } else if peer == self.ip() {
-            Some(format!("its hello names this device's own IP {peer}"))
-        } else if !hello.capabilities.contains(Capabilities::RECV_WR_RECORDS) {
-            Some(format!(
-                "its hello does not announce receive-WR records (capabilities {:#x})",
-                hello.capabilities.bits()
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = refusal {
-            Counters::add(&self.counters.protocol_errors, 1);
-            if dialed {
-                net_log!(self, link_log, log::Level::Error, "refusing {peer}: {why}");
-            } else {
-                net_log!(
-                    self,
-                    garbage_log,
-                    log::Level::Error,
-                    "refusing a connection from {peer}: {why}"
-                );
-            }
-            self.conn_failed(token, &why, false);
-            return false;
-        }
-        if let Some(conn) = self.conns.get_mut(&token) {
-            conn.peer_caps = hello.capabilities;
-        }
-        if dialed {
-            self.open(token, peer);
-            return true;
-        }
-        match self.peers.get(&peer).copied() {
-            None | Some(PeerLink::AwaitingPeer { .. }) => {}
-            Some(PeerLink::Dialing(ours)) => {
-                Counters::add(&self.counters.race_closed, 1);
-                if self.ip() < peer {
-                    log::debug!(
-                        "OOB {}: {peer} dialed while we dial it; keeping ours (lower IP)",
-                        self.local
-                    );
-                    self.close_conn(token);
-                    return false;
-                }
-                log::debug!(
-                    "OOB {}: {peer} dialed while we dial it; keeping theirs (lower IP)",
-                    self.local
-                );
-                self.close_conn(ours);
-            }
-            Some(PeerLink::Connected(current)) => {
-                let current_dialed = self.conns.get(&current).is_some_and(|c| c.dialed);
-                if peer > self.ip() && current_dialed {
-                    // The higher side's dial from a race we already settled.
-                    Counters::add(&self.counters.race_closed, 1);
-                    self.close_conn(token);
-                    return false;
-                }
-                self.lose_peer(peer, "it opened a new connection (it restarted?)");
-            }
-        }
-        let hello = Hello::new(self.ip()).to_bytes();
-        if let Some(conn) = self.conns.get_mut(&token) {
-            // Nothing is queued on an accepted connection before its hello.
-            conn.out.extend_from_slice(&hello);
-        }
-        self.open(token, peer);
-        true
-    }
-
-    /// The connection becomes the peer's connection.
-    fn open(&mut self, token: Token, peer: Ipv4Addr) {
-        let Some(conn) = self.conns.get_mut(&token) else {
-            return;
-        };
-        let was_handshaking = conn.holds_handshake_slot();
-        conn.phase = Phase::Open;
-        let how = if conn.dialed { "dialed" } else { "accepted" };
-        self.peers.insert(peer, PeerLink::Connected(token));
-        self.links_changed = true;
-        Counters::add(&self.counters.established, 1);
-        Counters::add(&self.counters.open_connections, 1);
-        net_log!(
-            self,
-            link_log,
-            log::Level::Info,
-            "connected to {peer} ({how})"
-        );
-        if was_handshaking {
-            self.end_handshake(peer);
-        }
-    }
-
     /// Forgets a connection and asks the socket layer to close it, keeping the gauges
     /// right. The peer's link is the caller's business.
     fn close_conn(&mut self, token: Token) -> Option<Conn> {
         self.close_conn_saying(token, Vec::new())
     }
 
-    fn close_conn_saying(&mut self, token: Token, last_words: Vec<u8>) -> Option<Conn> {
+    /// As [`Machine::close_conn`], writing what the connection has pending and then
+    /// `last_words` first (when there are any), so the other side can read why.
+    fn close_conn_saying(&mut self, token: Token, mut last_words: Vec<u8>) -> Option<Conn> {
         let conn = self.conns.remove(&token)?;
+        if !last_words.is_empty() {
+            let pending = conn.out.get(conn.out_pos..).unwrap_or(&[]);
+            last_words.splice(0..0, pending.iter().copied());
+        }
         if conn.holds_handshake_slot() {
             self.end_handshake(conn.peer);
         } else if conn.phase == Phase::Open {
@@ -677,9 +477,9 @@ impl Machine {
     }
 
     /// A connection failed (`why`). If it was the peer's link, the peer is lost, except for
-    /// the higher side of a dial race whose dial was closed before the hello
-    /// (`closed_before_hello`): it waits for the lower side's connection.
-    fn conn_failed(&mut self, token: Token, why: &str, closed_before_hello: bool) {
+    /// the higher side of a dial race whose dial was closed in its handshake
+    /// (`closed_before_open`): it waits for the lower side's connection.
+    fn conn_failed(&mut self, token: Token, why: &str, closed_before_open: bool) {
         let Some(conn) = self.close_conn(token) else {
             return;
         };
@@ -693,9 +493,9 @@ impl Machine {
             log::debug!("OOB {}: closed a connection with {peer}: {why}", self.local);
             return;
         }
-        if conn.dialed && closed_before_hello && peer < self.ip() {
+        if conn.dialed && closed_before_open && peer < self.ip() {
             log::debug!(
-                "OOB {}: {peer} closed our dial before its hello; awaiting its own dial",
+                "OOB {}: {peer} closed our dial in its handshake; awaiting its own dial",
                 self.local
             );
             let until = self.now + self.cfg.hello_timeout;
