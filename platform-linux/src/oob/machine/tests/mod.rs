@@ -213,11 +213,9 @@ impl Node {
         assert_eq!(self.dials.first().map(|d| d.1), Some(peer));
         let t = self.take_dial();
         self.m.on_connected(t, now);
-        let (ours, rest) = Hello::parse(&self.m.output(t).to_vec())
-            .map(|(h, r)| (h, r.len()))
-            .unwrap();
-        assert_eq!((ours.device_ip, rest), (self.ip, 0));
-        self.sent(t);
+        let sent = self.sent(t);
+        let (ours, rest) = Hello::parse(&sent).unwrap();
+        assert_eq!((ours.device_ip, rest.len()), (self.ip, 0));
         self.m.on_bytes(t, answer, now);
         self.pump(now);
         (t, ours)
