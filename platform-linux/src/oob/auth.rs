@@ -38,10 +38,7 @@ impl Role {
 pub(super) type Hellos = [[u8; HELLO_LEN]; 2];
 
 fn mac(secret: &OobSecret, role: Role, hellos: &Hellos) -> Hmac<Sha256> {
-    // HMAC takes a key of any length, so this cannot fail; an empty key would only ever
-    // produce proofs that no peer with a real key accepts.
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.bytes())
-        .unwrap_or_else(|_| Hmac::<Sha256>::new_from_slice(&[]).expect("empty HMAC key"));
+    let mut mac = secret.hmac();
     mac.update(role.label());
     mac.update(&hellos[0]);
     mac.update(&hellos[1]);

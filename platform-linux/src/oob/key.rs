@@ -26,6 +26,9 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
 /// The environment variable that names the key file of devices without `key=`.
 pub const KEY_ENV: &str = "BLUERDMA_OOB_KEY";
 /// The shortest secret accepted, in bytes.
@@ -33,33 +36,53 @@ pub const MIN_SECRET_LEN: usize = 16;
 /// The largest key file read.
 const MAX_KEY_FILE: u64 = 4096;
 
-/// The secret bytes; `Debug` does not show them.
-#[derive(Clone, PartialEq, Eq)]
-pub struct OobSecret(Arc<[u8]>);
+/// The secret bytes, and HMAC-SHA256 keyed with them; `Debug` does not show them.
+#[derive(Clone)]
+pub struct OobSecret {
+    bytes: Arc<[u8]>,
+    keyed: Hmac<Sha256>,
+}
 
 impl OobSecret {
     /// A secret of at least [`MIN_SECRET_LEN`] bytes.
     pub fn new(bytes: &[u8]) -> Result<Self, KeyError> {
-        if bytes.len() < MIN_SECRET_LEN {
-            return Err(KeyError::new(
+        let short = || {
+            KeyError::new(
                 None,
                 format!(
                     "the secret has {} bytes; it needs at least {MIN_SECRET_LEN}",
                     bytes.len()
                 ),
-            ));
+            )
+        };
+        if bytes.len() < MIN_SECRET_LEN {
+            return Err(short());
         }
-        Ok(OobSecret(bytes.into()))
+        // HMAC takes a key of any length; the error cannot happen.
+        let keyed = Hmac::<Sha256>::new_from_slice(bytes).map_err(|_| short())?;
+        Ok(OobSecret {
+            bytes: bytes.into(),
+            keyed,
+        })
     }
 
-    pub(super) fn bytes(&self) -> &[u8] {
-        &self.0
+    /// HMAC-SHA256 keyed with the secret, ready for input ([`super::auth`]).
+    pub(super) fn hmac(&self) -> Hmac<Sha256> {
+        self.keyed.clone()
     }
 }
 
+impl PartialEq for OobSecret {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for OobSecret {}
+
 impl fmt::Debug for OobSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OobSecret({} bytes, not shown)", self.0.len())
+        write!(f, "OobSecret({} bytes, not shown)", self.bytes.len())
     }
 }
 

@@ -27,16 +27,7 @@ impl Machine {
         let (peer, dialed, phase) = (conn.peer, conn.dialed, conn.phase);
         if let Some(why) = self.check_hello(peer, &hello) {
             Counters::add(&self.counters.protocol_errors, 1);
-            if dialed {
-                net_log!(self, link_log, log::Level::Error, "refusing {peer}: {why}");
-            } else {
-                net_log!(
-                    self,
-                    garbage_log,
-                    log::Level::Error,
-                    "refusing a connection from {peer}: {why}"
-                );
-            }
+            self.log_refusal(peer, dialed, &why);
             self.conn_failed(token, &why, false);
             return false;
         }
@@ -80,6 +71,21 @@ impl Machine {
         true
     }
 
+    /// Logs why the handshake with `peer` failed: in the peers' budget for our own dial,
+    /// in the garbage budget for a connection that was never a peer's.
+    fn log_refusal(&mut self, peer: Ipv4Addr, dialed: bool, why: &str) {
+        if dialed {
+            net_log!(self, link_log, log::Level::Error, "refusing {peer}: {why}");
+        } else {
+            net_log!(
+                self,
+                garbage_log,
+                log::Level::Error,
+                "refusing a connection from {peer}: {why}"
+            );
+        }
+    }
+
     /// Why a hello from `peer` is refused, if it is.
     fn check_hello(&self, peer: Ipv4Addr, hello: &Hello) -> Option<String> {
         if hello.device_ip != peer {
@@ -120,16 +126,10 @@ impl Machine {
              use different OOB keys, or {peer} is not the device it claims to be",
             self.auth.source
         );
+        self.log_refusal(peer, dialed, &why);
         if dialed {
-            net_log!(self, link_log, log::Level::Error, "refusing {peer}: {why}");
             self.conn_failed(token, &why, false);
         } else {
-            net_log!(
-                self,
-                garbage_log,
-                log::Level::Error,
-                "refusing a connection from {peer}: {why}"
-            );
             // Our proof lets an honest dialer with another key name the mismatch too.
             let ours = auth::proof(&self.auth.secret, Role::Listener, &hellos);
             self.close_conn_saying(token, ours.to_bytes().to_vec());
