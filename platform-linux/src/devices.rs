@@ -13,7 +13,8 @@
 //!   blue1   17.34.51.11
 //!   ```
 //! - or the list inline, `name=ip[@mac]` separated by commas:
-//!   `BLUERDMA_DEVICES="blue0=127.0.0.1,blue1=127.0.0.2"`.
+//!   `BLUERDMA_DEVICES="blue0=127.0.0.1,blue1=127.0.0.2"` (its devices use the default OOB
+//!   key, or the file `BLUERDMA_OOB_KEY` names).
 //!
 //! Unset (or empty), the list is blue0 = 127.0.0.1 and blue1 = 127.0.0.2. A device without
 //! a MAC gets 02:00 followed by its IP's four octets (locally administered, unique per IP).
