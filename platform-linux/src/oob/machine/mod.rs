@@ -7,12 +7,13 @@
 //! ([`Machine::on_tick`]), records queued ([`Machine::take_outbox`]). It carries out what
 //! the machine asks: the [`Action`]s (dial, close) and the bytes of [`Machine::output`].
 //! What the engine gets, records and `PeerLost`, comes out of [`Machine::take_events`] in
-//! the order it happened.
+//! the order it happened; [`Machine::purge`] drops the queued records of lost peers.
 //!
-//! Every decision is made here: the hello checks, which connection survives when both
-//! sides dial, when a peer has restarted, timeouts, the handshake limits, how many queued
-//! records a connection takes. `now` is an argument of every input, so the tests
-//! (`machine_tests.rs`) step two machines in one thread with a virtual clock.
+//! Every decision is made here: the hello and proof checks (`handshake.rs`), which
+//! connection survives when both sides dial, when a peer has restarted, timeouts, the
+//! handshake limits, how many queued records a connection takes. `now` and the nonces are
+//! inputs too, so the tests (`tests/`) step two machines in one thread with a virtual
+//! clock. `conn.rs` holds the per-connection state.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
