@@ -78,6 +78,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 }
 
 /// Appends `wc` to CQ `cq`; a full CQ counts an overrun and loses the completion.
+#[inline]
 pub(crate) fn push_cqe(
     s: &mut Slices<'_>,
     depth: usize,

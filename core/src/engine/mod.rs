@@ -101,6 +101,8 @@ pub struct Device<P: Platform, S: Storage> {
     oob: Option<P::Oob>,
     /// How many entries of `Slices::early` are in use (a prefix, in arrival order).
     early_len: usize,
+    /// One past the highest QP slot ever used: loops over QPs stop there.
+    qp_high: usize,
     /// The latest time the engine was given (commands submitted from within a poll step
     /// take their deadline from it).
     now: Instant,
@@ -199,6 +201,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             stats: EngineStats::default(),
             oob: None,
             early_len: 0,
+            qp_high: 0,
             now: clock(),
         };
         dev.command(
@@ -291,7 +294,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The earliest timer deadline, so a progress thread knows how long it may sleep.
     pub fn next_deadline(&mut self) -> Option<Instant> {
-        storage::next_deadline(self.storage.slices().timers)
+        let timers = self.storage.slices().timers;
+        storage::next_deadline(&timers[..self.qp_high.min(timers.len())])
     }
 
     /// Releases the device's DMA buffers. Rings stop being used.

@@ -50,16 +50,19 @@ pub struct MrSlot {
 
 impl MrSlot {
     /// Whether the slot holds an MR (registered or being registered).
+    #[inline]
     pub fn in_use(&self) -> bool {
         self.state != MrState::Free
     }
 
     /// The PD of a slot in use (registered or registering).
+    #[inline]
     pub(crate) fn pd_in_use(&self) -> Option<u32> {
         (self.state != MrState::Free).then_some(self.pd)
     }
 
     /// Whether `[va, va + len)` lies in this valid MR of `key`, with `access` (and PD `pd`).
+    #[inline]
     pub(crate) fn covers(
         &self,
         key: MrKey,
@@ -86,6 +89,7 @@ pub(crate) struct PgtAllocator {
 }
 
 impl Default for PgtAllocator {
+    #[inline]
     fn default() -> Self {
         PgtAllocator {
             used: [0; (PGT_LEN / 64) as usize],
@@ -94,11 +98,13 @@ impl Default for PgtAllocator {
 }
 
 impl PgtAllocator {
+    #[inline]
     fn is_used(&self, i: u32) -> bool {
         self.used[(i / 64) as usize] & (1 << (i % 64)) != 0
     }
 
     /// Takes the first run of `pages` free entries.
+    #[inline]
     pub(crate) fn alloc(&mut self, pages: u32) -> Option<u32> {
         if pages == 0 {
             return None;
@@ -120,10 +126,12 @@ impl PgtAllocator {
     }
 
     /// Frees `pages` entries from `start`.
+    #[inline]
     pub(crate) fn free(&mut self, start: u32, pages: u32) {
         self.mark(start, pages, false);
     }
 
+    #[inline]
     fn mark(&mut self, start: u32, pages: u32, used: bool) {
         for i in start..start.saturating_add(pages).min(PGT_LEN) {
             let (w, b) = ((i / 64) as usize, i % 64);
@@ -476,6 +484,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 }
 
 /// The MR table entry that makes `m` valid in the card.
+#[inline]
 fn mr_table_entry(m: &MrSlot) -> CmdRequest {
     CmdRequest::UpdateMrTable(UpdateMrTable {
         mr_base_va: VirtAddr(m.va),

@@ -32,11 +32,13 @@ pub(crate) struct QpIndex(u16);
 
 impl QpIndex {
     /// The index of slot `slot`.
+    #[inline]
     pub(crate) const fn from_slot(slot: usize) -> Self {
         QpIndex(slot as u16)
     }
 
     /// The slot in the storage tables.
+    #[inline]
     pub(crate) const fn slot(self) -> usize {
         self.0 as usize
     }
@@ -85,6 +87,7 @@ impl Default for QpAttrs {
     /// A QP in RESET. Its ACK timeout and retry count, which IB sets at RTS, start at the
     /// IB defaults (14 = 67 ms, 7 retries): a responder that stays in RTR (perftest's READ
     /// server) sends READ responses, and a lost one must be resent.
+    #[inline]
     fn default() -> Self {
         QpAttrs {
             qpn: Qpn::from_raw(0),
@@ -110,11 +113,13 @@ impl Default for QpAttrs {
 
 impl QpAttrs {
     /// The local ACK timeout (`None`: infinite).
+    #[inline]
     pub(crate) fn ack_timeout(&self) -> Option<Nanos> {
         Nanos::ib_local_ack_timeout(self.timeout)
     }
 
     /// Connected: RTR or later, not in error.
+    #[inline]
     pub(crate) fn connected(&self) -> bool {
         matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
     }
@@ -148,6 +153,7 @@ pub struct QpSlot {
 }
 
 impl QpSlot {
+    #[inline]
     fn fresh(qpn: Qpn, qp_type: QpType, pd: u32, send_cq: u32, recv_cq: u32) -> Self {
         QpSlot {
             in_use: true,
@@ -165,11 +171,13 @@ impl QpSlot {
     }
 
     /// Whether the slot holds a QP.
+    #[inline]
     pub fn in_use(&self) -> bool {
         self.in_use
     }
 
     /// The attributes with the current PSNs.
+    #[inline]
     pub(crate) fn snapshot(&self) -> QpAttrs {
         QpAttrs {
             sq_psn: self.req.next_psn(),
@@ -217,6 +225,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             what: "queue pairs",
         })?;
         let i = QpIndex::from_slot(slot);
+        self.qp_high = self.qp_high.max(slot + 1);
         *self.qp(i) = QpSlot::fresh(qpn, qp_type, pd, send_cq, recv_cq);
         *self.timers(i) = QpTimers::default();
         if let Err(e) = self.manage_qp(i, true, clock) {
@@ -257,9 +266,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
         SendQueue::new(&mut s.qps[i.slot()].req.sq, s.wqes, i, depth)
     }
 
-    /// Every QP slot index (in use or not).
+    /// Every QP slot index that may be in use (the slots below the highest ever used).
     pub(crate) fn qp_indices(&mut self) -> impl Iterator<Item = QpIndex> {
-        (0..self.storage.slices().qps.len()).map(QpIndex::from_slot)
+        (0..self.qp_high).map(QpIndex::from_slot)
     }
 
     fn manage_qp(
@@ -436,6 +445,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
 /// A first PSN the card's reset window (stride 0xFFFFF, nic-behaviour.md 3.1) takes as
 /// stale: more than 8 strides behind its top and not inside it.
+#[inline]
 pub(crate) fn stale_for_card(psn: Psn) -> bool {
     (0x7F_FFF0..=0xFF_FF7F).contains(&psn.get())
 }

@@ -39,6 +39,7 @@ pub(crate) struct RecvQueue {
 }
 
 impl Default for RecvQueue {
+    #[inline]
     fn default() -> Self {
         RecvQueue {
             recvs: heapless::Deque::new(),
@@ -52,52 +53,62 @@ impl Default for RecvQueue {
 
 impl RecvQueue {
     /// `rnr_retry` was set.
+    #[inline]
     pub(crate) fn reset_rnr(&mut self, n: u8) {
         self.rnr_left = n;
     }
 
     /// The peer's next announced receive WR.
+    #[inline]
     pub(crate) fn next_remote(&self) -> Option<OobRecvWr> {
         self.remote.front().copied()
     }
 
     /// A SEND used the peer's next receive WR: the RNR retries refill.
+    #[inline]
     pub(crate) fn take_remote(&mut self, rnr_retry: u8) -> Option<OobRecvWr> {
         self.rnr_left = rnr_retry;
         self.remote.pop_front()
     }
 
     /// The peer can no longer announce receive WRs.
+    #[inline]
     pub(crate) fn peer_lost(&self) -> bool {
         self.oob_lost
     }
 
     /// The oldest posted receive WR, to complete.
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<RecvWr> {
         self.recvs.pop_front()
     }
 
     /// The oldest posted receive WR's id.
+    #[inline]
     pub(crate) fn oldest(&self) -> Option<u64> {
         self.recvs.front().map(|r| r.wr_id)
     }
 
     /// Receive WRs posted (for dumps).
+    #[inline]
     pub(crate) fn posted(&self) -> usize {
         self.recvs.len()
     }
 
     /// Receive WRs wait to be announced.
+    #[inline]
     pub(crate) fn has_unannounced(&self) -> bool {
         self.to_announce > 0
     }
 
     /// Nothing is left to announce (the QP was flushed).
+    #[inline]
     pub(crate) fn forget_unannounced(&mut self) {
         self.to_announce = 0;
     }
 
     /// The RNR timer fired: whether another wait is allowed (7 = forever).
+    #[inline]
     fn rnr_wait(&mut self, rnr_retry: u8) -> bool {
         if rnr_retry == 7 {
             return true;
