@@ -106,7 +106,7 @@ pub struct RdmaCmId {
 
 /// `struct rdma_conn_param` (24 bytes).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct RdmaConnParam {
     pub private_data: *const c_void,
     pub private_data_len: u8,
@@ -123,7 +123,7 @@ pub struct RdmaConnParam {
 
 /// `struct ibv_global_route` (24 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, Debug)]
 pub struct IbvGlobalRoute {
     pub dgid: [u8; 16],
     pub flow_label: u32,
@@ -135,7 +135,7 @@ pub struct IbvGlobalRoute {
 
 /// `struct ibv_ah_attr` (32 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Default, Debug)]
 pub struct IbvAhAttr {
     pub grh: IbvGlobalRoute,
     pub dlid: u16,
@@ -149,7 +149,7 @@ pub struct IbvAhAttr {
 
 /// `struct rdma_ud_param` (56 bytes).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct RdmaUdParam {
     pub private_data: *const c_void,
     pub private_data_len: u8,
