@@ -159,6 +159,34 @@ fn private_data_reaches_both_sides_and_a_reject_carries_its_reason() {
 }
 
 #[test]
+fn an_accept_carries_up_to_196_bytes_of_private_data() {
+    let a = api();
+    let (lch, cch) = (a.channel(), a.channel());
+    let l = a.listener(lch, RDMA_PS_TCP, SocketAddrV4::new(SRV, 7411));
+    let cli = a.resolved(cch, RDMA_PS_TCP, CLI, SocketAddrV4::new(SRV, 7411));
+    a.qp(cli, false);
+    // SAFETY: a route-resolved id.
+    assert_eq!(unsafe { (a.rdma_connect)(cli, &conn_param(&[])) }, 0);
+    let child = a.expect(lch, RDMA_CM_EVENT_CONNECT_REQUEST, false).id;
+    a.qp(child, false);
+    let answer: Vec<u8> = (0..197u32).map(|i| (i * 7) as u8).collect();
+    // SAFETY: a connect request's id; the data outlives the calls.
+    unsafe {
+        assert_eq!(
+            (a.rdma_accept)(child, &conn_param(&answer)),
+            -1,
+            "197 bytes of REP data"
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!((a.rdma_accept)(child, &conn_param(&answer[..196])), 0);
+    }
+    let est = a.expect(cch, RDMA_CM_EVENT_ESTABLISHED, false);
+    assert_eq!(est.private, answer[..196]);
+    a.expect(lch, RDMA_CM_EVENT_ESTABLISHED, false);
+    destroy(a, &[cli, child, l]);
+}
+
+#[test]
 fn a_port_or_device_nobody_listens_on_is_rejected_with_invalid_service_id() {
     let a = api();
     let (lch, cch) = (a.channel(), a.channel());
