@@ -194,7 +194,7 @@ pub(crate) fn deliver(ev: &mut EventBox) {
             unsafe {
                 (*child).c.context = (*listen).context;
                 if let Some(d) = device {
-                    (*child).c.pd = devices()[d].pd();
+                    (*child).c.pd = devices()[d].pd().unwrap_or(core::ptr::null_mut());
                 }
             }
         }
@@ -329,6 +329,10 @@ pub unsafe extern "C" fn cm_rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::s
         Ok(d) => d,
         Err(e) => return err(e),
     };
+    let pd = match device.map(|d| devices()[d].pd()).transpose() {
+        Ok(pd) => pd.unwrap_or(core::ptr::null_mut()),
+        Err(e) => return err(e),
+    };
     let r = with_entry(id, |cm, t| {
         let (ps, state) = (cm.ids[&t].ps, cm.ids[&t].state);
         if state != St::Idle {
@@ -353,10 +357,8 @@ pub unsafe extern "C" fn cm_rdma_bind_addr(id: *mut RdmaCmId, addr: *mut libc::s
         Ok(0)
     });
     if r.is_ok() {
-        if let Some(d) = device {
-            // SAFETY: as above.
-            unsafe { (*id).pd = devices()[d].pd() };
-        }
+        // SAFETY: as above.
+        unsafe { (*id).pd = pd };
     }
     ret(r)
 }
@@ -425,10 +427,18 @@ pub unsafe extern "C" fn cm_rdma_resolve_addr(
         Ok(d) => d,
         Err(e) => return err(e),
     };
+    // A device that cannot start is an address error, as a failed resolution is.
+    let pd = devices()[device].pd();
     // SAFETY: as above; set before the event can be seen.
-    unsafe { (*id).pd = devices()[device].pd() };
+    unsafe { (*id).pd = pd.unwrap_or(core::ptr::null_mut()) };
     let r = with_entry(id, |cm, t| {
-        cm.queue(t, RDMA_CM_EVENT_ADDR_RESOLVED, 0, |_| {});
+        match pd {
+            Ok(_) => cm.queue(t, RDMA_CM_EVENT_ADDR_RESOLVED, 0, |_| {}),
+            Err(e) => {
+                cm.ids.get_mut(&t).expect("checked").state = St::Idle;
+                cm.queue(t, RDMA_CM_EVENT_ADDR_ERROR, -e, |_| {});
+            }
+        }
         Ok(0)
     });
     match r {

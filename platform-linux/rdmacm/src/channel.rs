@@ -262,6 +262,11 @@ impl ChannelBox {
 #[no_mangle]
 pub extern "C" fn cm_rdma_create_event_channel() -> *mut RdmaEventChannel {
     crate::init_log();
+    if crate::verbs::devices().is_empty() {
+        // As the real library does: no device, no CM.
+        crate::set_errno(libc::ENODEV);
+        return core::ptr::null_mut();
+    }
     match ChannelBox::new() {
         Ok(b) => Box::into_raw(b) as *mut RdmaEventChannel,
         Err(e) => {

@@ -204,8 +204,12 @@ pub unsafe extern "C" fn cm_rdma_create_qp(
         return err(libc::EINVAL);
     };
     let (ctx, pd) = (cid.c.verbs, if pd.is_null() { cid.c.pd } else { pd });
-    if ctx.is_null() || pd.is_null() {
+    if ctx.is_null() {
         log::error!("rdma_create_qp: the id has no device yet (bind or resolve an address first)");
+        return err(libc::EINVAL);
+    }
+    if pd.is_null() {
+        log::error!("rdma_create_qp: no protection domain (the device's could not be allocated)");
         return err(libc::EINVAL);
     }
     // SAFETY: the application's init attributes.

@@ -57,17 +57,27 @@ impl Device {
     }
 
     /// The device's protection domain, allocated on first use (this starts the device's
-    /// emulated card); NULL (errno set by libibverbs) when that fails.
-    pub(crate) fn pd(&self) -> *mut c_void {
+    /// emulated card), or the errno of `ibv_alloc_pd`.
+    pub(crate) fn pd(&self) -> Result<*mut c_void, c_int> {
         let mut pd = self.pd.lock().unwrap_or_else(|e| e.into_inner());
         if *pd == 0 {
             // SAFETY: an open context.
             *pd = unsafe { ibv_alloc_pd(self.ctx()) } as usize;
             if *pd == 0 {
-                log::error!("ibv_alloc_pd on {} failed", self.name);
+                // SAFETY: errno of this thread, set by libibverbs.
+                let e = match unsafe { *libc::__errno_location() } {
+                    0 => libc::ENODEV,
+                    e => e,
+                };
+                log::error!(
+                    "{} ({}): ibv_alloc_pd failed (errno {e}); is another process using the device?",
+                    self.name,
+                    self.ip
+                );
+                return Err(e);
             }
         }
-        *pd as *mut c_void
+        Ok(*pd as *mut c_void)
     }
 }
 
@@ -87,7 +97,10 @@ fn open_all() -> Vec<Device> {
     // SAFETY: `n` is writable; the list stays allocated (the contexts keep using it).
     let list = unsafe { ibv_get_device_list(&mut n) };
     if list.is_null() {
-        log::error!("ibv_get_device_list failed: no RDMA devices (is LD_LIBRARY_PATH set to the blue-rdma libraries?)");
+        log::error!(
+            "ibv_get_device_list found no RDMA device: is the blue-rdma libibverbs.so.1 first \
+             on LD_LIBRARY_PATH (target/ibverbs)?"
+        );
         return Vec::new();
     }
     let mut out = Vec::new();
@@ -138,6 +151,12 @@ fn open_all() -> Vec<Device> {
             max_initiator,
             pd: Mutex::new(0),
         });
+    }
+    if out.is_empty() {
+        log::error!(
+            "no RDMA device with an IPv4 GID: is the blue-rdma libibverbs.so.1 first on \
+             LD_LIBRARY_PATH (target/ibverbs)?"
+        );
     }
     out
 }
