@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
 use crate::abi::*;
-use crate::channel::{ChannelBox, EventBox, Post};
+use crate::channel::{EventBox, Post};
 use crate::err;
 use crate::state::{self, Id, IdEntry, IdPtr, OwnChannel, St, Token};
 use crate::verbs::{self, devices};
@@ -236,16 +236,9 @@ pub unsafe extern "C" fn cm_rdma_create_id(
         IBV_QPT_RC
     };
     // SAFETY: an application channel from rdma_create_event_channel, or NULL.
-    let (inner, channel_c, own) = match unsafe { ChannelBox::from_c(channel) } {
-        Some(ch) => (Arc::clone(&ch.inner), channel, None),
-        None => match ChannelBox::new() {
-            Ok(b) => {
-                let inner = Arc::clone(&b.inner);
-                let p = Box::into_raw(b);
-                (inner, p as *mut RdmaEventChannel, Some(OwnChannel(p)))
-            }
-            Err(e) => return err(e),
-        },
+    let (inner, channel_c, own) = match unsafe { crate::channel::attach(channel) } {
+        Ok(c) => c,
+        Err(e) => return err(e),
     };
     let mut cm = state::lock();
     let token = cm.token();
@@ -514,16 +507,9 @@ pub unsafe extern "C" fn cm_rdma_migrate_id(
     channel: *mut RdmaEventChannel,
 ) -> c_int {
     // SAFETY: an application channel, or NULL for a new synchronous one.
-    let (inner, channel_c, own) = match unsafe { ChannelBox::from_c(channel) } {
-        Some(ch) => (Arc::clone(&ch.inner), channel, None),
-        None => match ChannelBox::new() {
-            Ok(b) => {
-                let inner = Arc::clone(&b.inner);
-                let p = Box::into_raw(b);
-                (inner, p as *mut RdmaEventChannel, Some(OwnChannel(p)))
-            }
-            Err(e) => return err(e),
-        },
+    let (inner, channel_c, own) = match unsafe { crate::channel::attach(channel) } {
+        Ok(c) => c,
+        Err(e) => return err(e),
     };
     let r = with_entry(id, |cm, t| {
         let e = cm.ids.get_mut(&t).expect("checked");

@@ -15,7 +15,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use crate::abi::*;
-use crate::state::Token;
+use crate::state::{OwnChannel, Token};
 
 /// What `rdma_get_cm_event` does with an event before the application sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,6 +257,24 @@ impl ChannelBox {
         // SAFETY: per the contract, `c` is the first field of a live ChannelBox.
         unsafe { (p as *const ChannelBox).as_ref() }
     }
+}
+
+/// The channel of an id: the application's `channel`, or for NULL (synchronous mode) a new
+/// one the id owns.
+///
+/// # Safety
+/// `channel` is NULL or a live channel of this library.
+pub(crate) unsafe fn attach(
+    channel: *mut RdmaEventChannel,
+) -> Result<(Arc<ChannelInner>, *mut RdmaEventChannel, Option<OwnChannel>), c_int> {
+    // SAFETY: per the contract.
+    if let Some(ch) = unsafe { ChannelBox::from_c(channel) } {
+        return Ok((Arc::clone(&ch.inner), channel, None));
+    }
+    let b = ChannelBox::new()?;
+    let inner = Arc::clone(&b.inner);
+    let p = Box::into_raw(b);
+    Ok((inner, p as *mut RdmaEventChannel, Some(OwnChannel(p))))
 }
 
 #[no_mangle]

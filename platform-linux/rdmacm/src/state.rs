@@ -375,12 +375,9 @@ impl Cm {
             return;
         }
         let (channel, channel_c, own) = if sync {
-            match ChannelBox::new() {
-                Ok(b) => {
-                    let inner = Arc::clone(&b.inner);
-                    let p = Box::into_raw(b);
-                    (inner, p as *mut RdmaEventChannel, Some(OwnChannel(p)))
-                }
+            // SAFETY: NULL asks for a new channel of the id's own.
+            match unsafe { crate::channel::attach(core::ptr::null_mut()) } {
+                Ok(c) => c,
                 Err(e) => {
                     log::error!("CM: no channel for a new connection (errno {e}); rejecting it");
                     self.send(

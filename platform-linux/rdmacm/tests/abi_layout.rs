@@ -23,7 +23,7 @@ fn structures_match_the_installed_headers() {
     let mut c = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
     );
-    for (expr, _) in LAYOUT {
+    for (expr, _, _) in LAYOUT {
         writeln!(c, "    printf(\"%zu\\n\", (size_t){expr});").unwrap();
     }
     c.push_str("    return 0;\n}\n");
@@ -50,8 +50,8 @@ fn structures_match_the_installed_headers() {
     let wrong: Vec<String> = LAYOUT
         .iter()
         .zip(&measured)
-        .filter(|((_, ours), theirs)| ours != *theirs)
-        .map(|((expr, ours), theirs)| format!("{expr}: ours {ours}, the header's {theirs}"))
+        .filter(|((_, ours, _), theirs)| ours != *theirs)
+        .map(|((expr, ours, _), theirs)| format!("{expr}: ours {ours}, the header's {theirs}"))
         .collect();
     assert!(
         wrong.is_empty(),
