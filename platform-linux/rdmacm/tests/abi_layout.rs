@@ -13,6 +13,8 @@ use std::process::Command;
 
 const HEADER: &str = "/usr/include/rdma/rdma_cma.h";
 const INSTALLED: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
+/// How long the compiler, the layout program or objdump may run.
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 #[test]
 fn structures_match_the_installed_headers() {
@@ -30,18 +32,19 @@ fn structures_match_the_installed_headers() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let (src, bin) = (dir.join("rdmacm_layout.c"), dir.join("rdmacm_layout"));
     std::fs::write(&src, c).unwrap();
-    let cc = Command::new("cc").arg("-o").arg(&bin).arg(&src).output();
-    let cc = cc.unwrap_or_else(|e| {
-        panic!("no working `cc` ({e}): install a C compiler (apt-get install gcc)")
-    });
+    let mut cc = Command::new("cc");
+    cc.arg("-o").arg(&bin).arg(&src);
+    let cc = common::output(cc, LIMIT, "install a C compiler (apt-get install gcc)");
     assert!(
         cc.status.success(),
         "cc failed:\n{}",
         String::from_utf8_lossy(&cc.stderr)
     );
-    let out = Command::new(&bin)
-        .output()
-        .expect("the layout program runs");
+    let out = common::output(
+        Command::new(&bin),
+        LIMIT,
+        "the layout program was just built",
+    );
     let measured: Vec<usize> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| l.parse().unwrap())
@@ -62,8 +65,9 @@ fn structures_match_the_installed_headers() {
 
 /// `(name, version)` of every defined, versioned symbol `objdump -T` lists for `lib`.
 fn exports(lib: &Path) -> Vec<(String, String)> {
-    let out = Command::new("objdump").arg("-T").arg(lib).output();
-    let out = out.unwrap_or_else(|e| panic!("no objdump ({e}): install binutils"));
+    let mut cmd = Command::new("objdump");
+    cmd.arg("-T").arg(lib);
+    let out = common::output(cmd, LIMIT, "install binutils (apt-get install binutils)");
     assert!(out.status.success(), "objdump -T {} failed", lib.display());
     let mut v: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
         .lines()

@@ -255,7 +255,9 @@ fn a_peer_that_never_answers_is_unreachable_after_the_timeout() {
     let fake = TcpListener::bind((SILENT, CM_PORT)).unwrap();
     let holder = std::thread::spawn(move || {
         let (mut s, _) = fake.accept().unwrap();
+        s.set_read_timeout(Some(EVENT_WAIT)).unwrap();
         let mut sink = Vec::new();
+        // Until the client gives up (or the bound passes).
         let _ = s.read_to_end(&mut sink);
     });
     let cch = a.channel();
@@ -274,6 +276,7 @@ fn a_server_that_dies_mid_handshake_gives_unreachable() {
     let fake = TcpListener::bind((CLOSER, CM_PORT)).unwrap();
     let closer = std::thread::spawn(move || {
         let (mut s, _) = fake.accept().unwrap();
+        s.set_read_timeout(Some(EVENT_WAIT)).unwrap();
         let mut head = [0u8; 8];
         s.read_exact(&mut head).unwrap();
         assert_eq!(&head[..6], b"BRCM\x01\x01", "the request");

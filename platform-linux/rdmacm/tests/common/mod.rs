@@ -144,20 +144,19 @@ pub fn build() -> PathBuf {
         None => panic!("no profile directory in {}", exe.display()),
     };
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(&cargo)
-        .args([
-            "build",
-            "-p",
-            "bluerdma-ibverbs",
-            "-p",
-            "bluerdma-rdmacm",
-            "--profile",
-            &profile,
-        ])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `{cargo} build`: {e}"));
+    let mut cmd = Command::new(&cargo);
+    cmd.args([
+        "build",
+        "-p",
+        "bluerdma-ibverbs",
+        "-p",
+        "bluerdma-rdmacm",
+        "--profile",
+        &profile,
+    ])
+    .arg("--target-dir")
+    .arg(target_dir);
+    let out = output(cmd, Duration::from_secs(900), "cargo runs this test");
     assert!(
         out.status.success(),
         "building the stand-ins failed ({}):\n{}",
@@ -165,6 +164,46 @@ pub fn build() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     profile_dir
+}
+
+/// Runs `cmd` to its end, killed (and the test failed) after `limit`; `install` says what
+/// provides the program when it cannot be started.
+pub fn output(mut cmd: Command, limit: Duration, install: &str) -> std::process::Output {
+    use std::process::Stdio;
+    let what = format!("{:?}", cmd.get_program());
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {what} ({e}): {install}"));
+    // Read both pipes on their own threads so a chatty child never blocks on a full pipe.
+    let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut so, &mut v).map(|_| v)
+    });
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut se, &mut v).map(|_| v)
+    });
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap().unwrap_or_default(),
+        stderr: err.join().unwrap().unwrap_or_default(),
+    }
 }
 
 fn dlopen(path: &Path) {
