@@ -497,6 +497,8 @@ pub unsafe extern "C" fn cm_rdma_listen(id: *mut RdmaCmId, _backlog: c_int) -> c
         let e = cm.ids.get_mut(&t).expect("checked");
         e.listening.push(key);
         e.state = St::Listening;
+        cm.serve_parked(key);
+        crate::reactor::wake();
         Ok(0)
     }))
 }

@@ -45,6 +45,7 @@ pub(crate) fn listen_tcp(cm: &mut Cm, ip: Ipv4Addr) -> Result<(), c_int> {
     if let Some(l) = cm.tcp.get_mut(&ip) {
         // Also revives one whose last user left before the CM thread closed it.
         l.users += 1;
+        l.idle_since = None;
         return Ok(());
     }
     let port = crate::cm_port();
@@ -65,7 +66,14 @@ pub(crate) fn listen_tcp(cm: &mut Cm, ip: Ipv4Addr) -> Result<(), c_int> {
             e.raw_os_error().unwrap_or(libc::EADDRINUSE)
         })?;
     let sock: TcpListener = sock.into();
-    cm.tcp.insert(ip, TcpL { sock, users: 1 });
+    cm.tcp.insert(
+        ip,
+        TcpL {
+            sock,
+            users: 1,
+            idle_since: None,
+        },
+    );
     wake();
     Ok(())
 }
@@ -113,6 +121,7 @@ pub(crate) fn connect(
             local_ip: local,
             peer: to,
             opened: now,
+            parked: None,
         },
     );
     if refused {
@@ -138,7 +147,9 @@ fn run(wake_fd: RawFd) {
         let timeout = {
             let mut cm = state::lock();
             // Listeners whose last id went away are closed here, never under a poll.
-            cm.tcp.retain(|_, l| l.users > 0);
+            let now = Instant::now();
+            cm.tcp
+                .retain(|_, l| l.idle_since.is_none_or(|t| now < t + state::LISTEN_GRACE));
             flush_all(&mut cm);
             build(&cm, wake_fd, &mut fds, &mut slots)
         };
@@ -189,7 +200,11 @@ fn build(cm: &Cm, wake_fd: RawFd, fds: &mut Vec<libc::pollfd>, slots: &mut Vec<S
         push(l.sock.as_raw_fd(), libc::POLLIN, Slot::Listener(*ip));
     }
     let now = Instant::now();
-    let mut next: Option<Instant> = None;
+    let mut next: Option<Instant> = cm
+        .tcp
+        .values()
+        .filter_map(|l| l.idle_since.map(|t| t + state::LISTEN_GRACE))
+        .min();
     for (t, c) in &cm.conns {
         let mut ev = if c.closing { 0 } else { libc::POLLIN };
         if c.connecting || !c.tx.is_empty() {

@@ -12,7 +12,7 @@ use core::ffi::c_int;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::abi::*;
 use crate::channel::{ChannelBox, ChannelInner, EventBox, Post};
@@ -117,12 +117,31 @@ pub(crate) struct Conn {
     pub(crate) local_ip: Ipv4Addr,
     pub(crate) peer: SocketAddrV4,
     pub(crate) opened: Instant,
+    /// A request for a port nobody listens on yet.
+    pub(crate) parked: Option<Request>,
 }
+
+/// A connect request as it arrived (`params` is None for a SIDR request).
+pub(crate) struct Request {
+    pub(crate) ps: u32,
+    pub(crate) port: u16,
+    pub(crate) src_port: u16,
+    pub(crate) params: Option<Params>,
+    pub(crate) private: Vec<u8>,
+}
+
+/// How long a request for a port nobody listens on waits for a listener before REJ 8, and
+/// how long a TCP listener stays open after its last listening id: a program may close its
+/// listener and listen again on the port (perftest `-R` does, between its two connections)
+/// while its peer is already connecting.
+pub(crate) const LISTEN_GRACE: Duration = Duration::from_secs(1);
 
 /// One TCP listener on `<device ip>:<CM port>`, shared by the ids listening on it.
 pub(crate) struct TcpL {
     pub(crate) sock: std::net::TcpListener,
     pub(crate) users: usize,
+    /// When the last user left (the CM thread closes it [`LISTEN_GRACE`] later).
+    pub(crate) idle_since: Option<Instant>,
 }
 
 /// Incoming connections that have not yet sent a request, at most: beyond this the oldest
@@ -286,6 +305,7 @@ impl Cm {
                 local_ip,
                 peer,
                 opened: now,
+                parked: None,
             },
         );
     }
@@ -299,16 +319,25 @@ impl Cm {
             return;
         }
         match (c.id, msg) {
-            (None, Msg::Req(r)) => self.on_request(
-                conn,
-                r.ps as u32,
-                r.dst_port,
-                r.src_port,
-                Some(r.params),
-                &r.private,
-            ),
-            (None, Msg::SidrReq(r)) => {
-                self.on_request(conn, r.ps as u32, r.dst_port, r.src_port, None, &r.private)
+            (None, Msg::Req(r)) if c.parked.is_none() => {
+                let req = Request {
+                    ps: r.ps as u32,
+                    port: r.dst_port,
+                    src_port: r.src_port,
+                    params: Some(r.params),
+                    private: r.private,
+                };
+                self.on_request(conn, req, true)
+            }
+            (None, Msg::SidrReq(r)) if c.parked.is_none() => {
+                let req = Request {
+                    ps: r.ps as u32,
+                    port: r.dst_port,
+                    src_port: r.src_port,
+                    params: None,
+                    private: r.private,
+                };
+                self.on_request(conn, req, true)
             }
             (None, m) => self.protocol_error(conn, &format!("{m:?} before a request")),
             (Some(id), m) => self.on_id_msg(id, conn, m),
@@ -321,16 +350,16 @@ impl Cm {
         self.conns.remove(&conn);
     }
 
-    /// A request for a listener: a new id and CONNECT_REQUEST, or a rejection.
-    fn on_request(
-        &mut self,
-        conn: Token,
-        ps: u32,
-        port: u16,
-        src_port: u16,
-        params: Option<Params>,
-        private: &[u8],
-    ) {
+    /// A request for a listener: a new id and CONNECT_REQUEST; with nobody listening, held
+    /// for [`LISTEN_GRACE`] when `may_wait`, else a rejection.
+    fn on_request(&mut self, conn: Token, req: Request, may_wait: bool) {
+        let Request {
+            ps,
+            port,
+            src_port,
+            params,
+            ref private,
+        } = req;
         let c = &self.conns[&conn];
         let (local_ip, peer) = (c.local_ip, *c.peer.ip());
         let listener = self
@@ -341,6 +370,13 @@ impl Cm {
         let l = listener.and_then(|l| self.ids.get(&l).map(|e| (l, e)));
         let device = crate::verbs::device_at(local_ip);
         let (Some((lid, le)), Some(device)) = (l, device) else {
+            if may_wait {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.deadline = Some(Instant::now() + LISTEN_GRACE);
+                    c.parked = Some(req);
+                }
+                return;
+            }
             log::info!(
                 "CM: request from {peer} for port {port} (port space {ps:#x}): nobody listens"
             );
@@ -534,6 +570,25 @@ impl Cm {
         }
     }
 
+    /// Hands the held requests that `key` now serves to its listener.
+    pub(crate) fn serve_parked(&mut self, key: ListenKey) {
+        let waiting: Vec<Token> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.parked.as_ref().is_some_and(|r| {
+                    (r.ps, r.port) == (key.1, key.2) && key.0.is_none_or(|ip| ip == c.local_ip)
+                })
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for t in waiting {
+            if let Some(req) = self.conns.get_mut(&t).and_then(|c| c.parked.take()) {
+                self.on_request(t, req, false);
+            }
+        }
+    }
+
     /// Queues the one DISCONNECTED event of a connection.
     pub(crate) fn report_disconnect(&mut self, id: Token) {
         if let Some(e) = self.ids.get_mut(&id) {
@@ -606,10 +661,14 @@ impl Cm {
                     }
                 }
             },
-            // A connection that never sent a request, or one done sending.
-            None => {
-                self.conns.remove(&conn);
-            }
+            // A request nobody listened for in time, a connection that never sent a
+            // request, or one done sending.
+            None => match self.conns.get_mut(&conn).and_then(|c| c.parked.take()) {
+                Some(req) => self.on_request(conn, req, false),
+                None => {
+                    self.conns.remove(&conn);
+                }
+            },
         }
     }
 
@@ -625,8 +684,11 @@ impl Cm {
             };
             for ip in ips {
                 if let Some(l) = self.tcp.get_mut(&ip) {
-                    // The CM thread closes it once unused (it may be polling it now).
+                    // The CM thread closes it once unused for a while (it may be polling it).
                     l.users = l.users.saturating_sub(1);
+                    if l.users == 0 {
+                        l.idle_since = Some(Instant::now());
+                    }
                 }
             }
         }

@@ -207,6 +207,35 @@ fn a_port_or_device_nobody_listens_on_is_rejected_with_invalid_service_id() {
 }
 
 #[test]
+fn a_request_waits_for_a_listener_that_comes_back() {
+    // perftest -R closes its first listener and listens again on the port while its peer
+    // already connects: the request is held until the new listener takes it.
+    let a = api();
+    let (lch, cch) = (a.channel(), a.channel());
+    let first = a.listener(lch, RDMA_PS_TCP, SocketAddrV4::new(SRV, 7412));
+    destroy(a, &[first]);
+    let cli = a.resolved(cch, RDMA_PS_TCP, CLI, SocketAddrV4::new(SRV, 7412));
+    a.qp(cli, false);
+    let p = conn_param(&[]);
+    // SAFETY: a route-resolved id.
+    assert_eq!(unsafe { (a.rdma_connect)(cli, &p) }, 0);
+    // SAFETY: a live channel.
+    let cfd = unsafe { (*cch).fd };
+    assert!(
+        !readable(cfd, Duration::from_millis(50)),
+        "rejected at once"
+    );
+    let again = a.listener(lch, RDMA_PS_TCP, SocketAddrV4::new(SRV, 7412));
+    let child = a.expect(lch, RDMA_CM_EVENT_CONNECT_REQUEST, false).id;
+    a.qp(child, false);
+    // SAFETY: a connect request's id.
+    assert_eq!(unsafe { (a.rdma_accept)(child, &p) }, 0);
+    a.expect(cch, RDMA_CM_EVENT_ESTABLISHED, false);
+    a.expect(lch, RDMA_CM_EVENT_ESTABLISHED, false);
+    destroy(a, &[cli, child, again]);
+}
+
+#[test]
 fn garbage_and_half_open_connections_leave_the_listener_working() {
     let a = api();
     let (lch, cch) = (a.channel(), a.channel());
