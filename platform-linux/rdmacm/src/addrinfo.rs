@@ -236,7 +236,7 @@ pub unsafe extern "C" fn cm_rdma_create_ep(
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_destroy_ep(id: *mut RdmaCmId) {
-    if id.is_null() {
+    if api::live(id).is_err() {
         return;
     }
     // SAFETY: an endpoint from rdma_create_ep or rdma_get_request.
@@ -256,11 +256,9 @@ pub unsafe extern "C" fn cm_rdma_get_request(
     listen: *mut RdmaCmId,
     id: *mut *mut RdmaCmId,
 ) -> c_int {
-    if listen.is_null() || id.is_null() {
+    let (Ok(token), false) = (api::live(listen), id.is_null()) else {
         return err(libc::EINVAL);
-    }
-    // SAFETY: a live id of this library.
-    let token = unsafe { (*(listen as *mut Id)).token };
+    };
     let ep_qp = match state::lock().ids.get(&token) {
         Some(e) if e.own.is_some() => e.ep_qp,
         _ => return err(libc::EINVAL),

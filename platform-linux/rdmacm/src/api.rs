@@ -48,9 +48,7 @@ pub(crate) fn free_id(e: IdEntry) {
     // SAFETY: the entry was the last record of the id; the application gave it up.
     unsafe {
         let id = e.cid.0;
-        if !(*id).c.event.is_null() {
-            drop(Box::from_raw((*id).c.event as *mut EventBox));
-        }
+        drop(crate::channel::take_back((*id).c.event));
         drop(Box::from_raw(id));
         if let Some(OwnChannel(ch)) = e.own {
             drop(Box::from_raw(ch));
@@ -100,13 +98,18 @@ pub(crate) fn set_route(
     }
 }
 
-/// The token of an application's id.
-///
-/// # Safety
-/// `id` is NULL or an id from this library that was not destroyed.
-pub(crate) unsafe fn token_of(id: *mut RdmaCmId) -> Option<Token> {
-    // SAFETY: per the contract.
-    unsafe { (id as *const Id).as_ref() }.map(|i| i.token)
+/// The token of an application's id; None for a pointer that is no live id of this library
+/// (it is never followed).
+pub(crate) fn token_of(id: *mut RdmaCmId) -> Option<Token> {
+    state::lock().addrs.get(&(id as usize)).copied()
+}
+
+/// [`token_of`], or EINVAL with a log line.
+pub(crate) fn live(id: *mut RdmaCmId) -> Result<Token, c_int> {
+    token_of(id).ok_or_else(|| {
+        log::error!("{id:p} is not an rdma_cm_id of this library (destroyed?)");
+        libc::EINVAL
+    })
 }
 
 /// An IPv4 socket address from a `struct sockaddr` (IPv4, IPv4-mapped IPv6 or `::`).
@@ -164,7 +167,7 @@ pub(crate) unsafe fn complete(id: *mut RdmaCmId) -> c_int {
     };
     deliver(&mut ev);
     let (event, status) = (ev.ev.event, ev.ev.status);
-    cid.c.event = Box::into_raw(ev) as *mut RdmaCmEvent;
+    cid.c.event = crate::channel::hand_out(ev);
     match status {
         0 => 0,
         _ if event == RDMA_CM_EVENT_REJECTED => err(libc::ECONNREFUSED),
@@ -176,8 +179,8 @@ pub(crate) unsafe fn complete(id: *mut RdmaCmId) -> c_int {
 /// Acknowledges the event a synchronous call kept in `id->event`.
 pub(crate) fn ack_sync_event(cid: &mut Id) {
     if !cid.c.event.is_null() {
-        // SAFETY: made by complete() or rdma_get_request, owned by the id.
-        drop(unsafe { Box::from_raw(cid.c.event as *mut EventBox) });
+        // Made by complete() or moved by rdma_get_request, owned by the id.
+        drop(crate::channel::take_back(cid.c.event));
         cid.c.event = core::ptr::null_mut();
     }
 }
@@ -206,12 +209,11 @@ pub(crate) fn with_entry<R>(
     id: *mut RdmaCmId,
     f: impl FnOnce(&mut state::Cm, Token) -> Result<R, c_int>,
 ) -> Result<R, c_int> {
-    // SAFETY: the application passes a live id (or NULL).
-    let token = unsafe { token_of(id) }.ok_or(libc::EINVAL)?;
     let mut cm = state::lock();
-    if !cm.ids.contains_key(&token) {
+    let Some(&token) = cm.addrs.get(&(id as usize)) else {
+        log::error!("{id:p} is not an rdma_cm_id of this library (destroyed?)");
         return Err(libc::EINVAL);
-    }
+    };
     f(&mut cm, token)
 }
 
@@ -244,6 +246,7 @@ pub unsafe extern "C" fn cm_rdma_create_id(
     let token = cm.token();
     let psn = (cm.random() & 0xFF_FFFF) as u32;
     let cid = new_id(token, channel_c, context, ps, qp_type);
+    cm.addrs.insert(cid as usize, token);
     cm.ids.insert(
         token,
         IdEntry {
@@ -277,8 +280,7 @@ pub unsafe extern "C" fn cm_rdma_create_id(
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
-    // SAFETY: the application passes a live id.
-    let Some(token) = (unsafe { token_of(id) }) else {
+    let Ok(token) = live(id) else {
         return err(libc::EINVAL);
     };
     let entry = state::lock().forget(token);
@@ -578,14 +580,20 @@ fn port_at(a: &SockaddrStorage) -> u16 {
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_get_src_port(id: *mut RdmaCmId) -> u16 {
-    // SAFETY: a live id.
-    unsafe { id.as_ref() }.map_or(0, |i| port_at(&i.route.addr.src))
+    match live(id) {
+        // SAFETY: a live id.
+        Ok(_) => port_at(unsafe { &(*id).route.addr.src }),
+        Err(_) => 0,
+    }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_get_dst_port(id: *mut RdmaCmId) -> u16 {
-    // SAFETY: a live id.
-    unsafe { id.as_ref() }.map_or(0, |i| port_at(&i.route.addr.dst))
+    match live(id) {
+        // SAFETY: a live id.
+        Ok(_) => port_at(unsafe { &(*id).route.addr.dst }),
+        Err(_) => 0,
+    }
 }
 
 #[no_mangle]

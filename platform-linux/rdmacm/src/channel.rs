@@ -10,9 +10,9 @@
 //! application sees; its private data lives in the box. `rdma_ack_cm_event` frees it.
 
 use core::ffi::{c_int, c_void};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::abi::*;
 use crate::state::{OwnChannel, Token};
@@ -214,6 +214,32 @@ impl Drop for ChannelInner {
     }
 }
 
+/// The addresses of the live channels and of the events handed to the application: a
+/// pointer the library did not make (or already freed) is refused with EINVAL, not followed.
+static LIVE_CHANNELS: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(Default::default);
+static HANDED_OUT: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(Default::default);
+
+fn set(
+    s: &'static LazyLock<Mutex<HashSet<usize>>>,
+) -> std::sync::MutexGuard<'static, HashSet<usize>> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Gives an event to the application (until [`take_back`]).
+pub(crate) fn hand_out(ev: Box<EventBox>) -> *mut RdmaCmEvent {
+    let p = Box::into_raw(ev);
+    set(&HANDED_OUT).insert(p as usize);
+    p as *mut RdmaCmEvent
+}
+
+/// The event the application gives back, if it is one [`hand_out`] gave.
+pub(crate) fn take_back(p: *mut RdmaCmEvent) -> Option<Box<EventBox>> {
+    // SAFETY: the address was handed out by hand_out and not yet taken back.
+    set(&HANDED_OUT)
+        .remove(&(p as usize))
+        .then(|| unsafe { Box::from_raw(p as *mut EventBox) })
+}
+
 /// What `rdma_create_event_channel` returns; `c` must stay the first field.
 #[repr(C)]
 pub(crate) struct ChannelBox {
@@ -243,33 +269,49 @@ impl ChannelBox {
             our_fd: fds[1],
             queue: Mutex::new(VecDeque::new()),
         });
-        Ok(Box::new(ChannelBox {
+        let b = Box::new(ChannelBox {
             c: RdmaEventChannel { fd: fds[0] },
             inner,
-        }))
+        });
+        set(&LIVE_CHANNELS).insert(&*b as *const ChannelBox as usize);
+        Ok(b)
     }
 
-    /// The channel behind an application's pointer.
+    /// The channel behind an application's pointer; None for NULL and for a pointer that
+    /// is not a live channel of this library.
     ///
     /// # Safety
-    /// `p` is NULL or from [`ChannelBox::new`] and not destroyed.
+    /// The channel is not destroyed while the reference is used.
     pub(crate) unsafe fn from_c<'a>(p: *mut RdmaEventChannel) -> Option<&'a ChannelBox> {
-        // SAFETY: per the contract, `c` is the first field of a live ChannelBox.
+        if !set(&LIVE_CHANNELS).contains(&(p as usize)) {
+            return None;
+        }
+        // SAFETY: a live ChannelBox, whose first field is `c`.
         unsafe { (p as *const ChannelBox).as_ref() }
     }
 }
 
+impl Drop for ChannelBox {
+    fn drop(&mut self) {
+        set(&LIVE_CHANNELS).remove(&(self as *const ChannelBox as usize));
+    }
+}
+
 /// The channel of an id: the application's `channel`, or for NULL (synchronous mode) a new
-/// one the id owns.
+/// one the id owns; EINVAL for a pointer that is no channel of this library.
 ///
 /// # Safety
-/// `channel` is NULL or a live channel of this library.
+/// `channel` is not destroyed meanwhile.
 pub(crate) unsafe fn attach(
     channel: *mut RdmaEventChannel,
 ) -> Result<(Arc<ChannelInner>, *mut RdmaEventChannel, Option<OwnChannel>), c_int> {
     // SAFETY: per the contract.
     if let Some(ch) = unsafe { ChannelBox::from_c(channel) } {
         return Ok((Arc::clone(&ch.inner), channel, None));
+    }
+    if !channel.is_null() {
+        log::error!("{channel:p} is not an event channel of this library (destroyed?)");
+        return Err(libc::EINVAL);
     }
     let b = ChannelBox::new()?;
     let inner = Arc::clone(&b.inner);
@@ -297,9 +339,10 @@ pub extern "C" fn cm_rdma_create_event_channel() -> *mut RdmaEventChannel {
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_destroy_event_channel(channel: *mut RdmaEventChannel) {
-    if !channel.is_null() {
-        // SAFETY: made by rdma_create_event_channel; the application gives it up. Ids that
-        // still use it keep the queue alive (their events go nowhere).
+    // SAFETY: a live channel (checked), which the application gives up. Ids that still use
+    // it keep the queue alive (their events go nowhere).
+    if unsafe { ChannelBox::from_c(channel) }.is_some() {
+        // SAFETY: as above.
         drop(unsafe { Box::from_raw(channel as *mut ChannelBox) });
     }
 }
@@ -323,16 +366,20 @@ pub unsafe extern "C" fn cm_rdma_get_cm_event(
     };
     crate::api::deliver(&mut ev);
     // SAFETY: `event` is writable; the box stays allocated until rdma_ack_cm_event.
-    unsafe { *event = Box::into_raw(ev) as *mut RdmaCmEvent };
+    unsafe { *event = hand_out(ev) };
     0
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_ack_cm_event(event: *mut RdmaCmEvent) -> c_int {
-    if event.is_null() {
-        return crate::err(libc::EINVAL);
+    match take_back(event) {
+        Some(ev) => {
+            drop(ev);
+            0
+        }
+        None => {
+            log::error!("rdma_ack_cm_event: {event:p} is no unacknowledged event of this library");
+            crate::err(libc::EINVAL)
+        }
     }
-    // SAFETY: from rdma_get_cm_event (the event is the first field of its box).
-    drop(unsafe { Box::from_raw(event as *mut EventBox) });
-    0
 }

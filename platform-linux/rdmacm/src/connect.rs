@@ -11,7 +11,7 @@ use core::ffi::{c_int, c_void};
 use std::time::Instant;
 
 use crate::abi::*;
-use crate::api::{ack_sync_event, complete, ret, with_entry};
+use crate::api::{ack_sync_event, complete, live, ret, with_entry};
 use crate::err;
 use crate::state::{Id, St};
 use crate::verbs::{self, devices};
@@ -59,6 +59,9 @@ fn clamp(v: u8, max: u8) -> u8 {
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_connect(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     crate::reactor::ensure_started();
+    if let Err(e) = live(id) {
+        return err(e);
+    }
     // SAFETY: a live id; its QP pointer is the application's or the library's.
     let qp = unsafe { (*id).qp };
     let qpn = match (qp.is_null(), param.is_null()) {
@@ -136,6 +139,9 @@ pub unsafe extern "C" fn cm_rdma_connect(id: *mut RdmaCmId, param: *mut RdmaConn
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
+    if let Err(e) = live(id) {
+        return err(e);
+    }
     // SAFETY: a live id.
     let qp = unsafe { (*id).qp };
     // SAFETY: the application's parameters.
@@ -294,16 +300,12 @@ pub unsafe extern "C" fn cm_rdma_reject_ece(
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_disconnect(id: *mut RdmaCmId) -> c_int {
-    let qp = if id.is_null() {
-        core::ptr::null_mut()
-    } else {
-        // SAFETY: a live id.
-        unsafe { (*id).qp }
-    };
     let ud = match with_entry(id, |cm, t| Ok(cm.ids[&t].ud)) {
         Ok(ud) => ud,
         Err(e) => return err(e),
     };
+    // SAFETY: a live id (checked above).
+    let qp = unsafe { (*id).qp };
     if !ud && !qp.is_null() {
         // Flush the QP's work requests, as the real library does before its DREQ.
         // SAFETY: the id's live QP.

@@ -195,12 +195,15 @@ pub unsafe extern "C" fn cm_rdma_create_qp(
     pd: *mut c_void,
     attr: *mut IbvQpInitAttr,
 ) -> c_int {
-    if id.is_null() || attr.is_null() {
+    let Ok(token) = crate::api::live(id) else {
+        return err(libc::EINVAL);
+    };
+    if attr.is_null() {
         return err(libc::EINVAL);
     }
     // SAFETY: a live id of this library.
     let cid = unsafe { &mut *(id as *mut Id) };
-    let Some(plan) = state::lock().ids.get(&cid.token).map(plan) else {
+    let Some(plan) = state::lock().ids.get(&token).map(plan) else {
         return err(libc::EINVAL);
     };
     let (ctx, pd) = (cid.c.verbs, if pd.is_null() { cid.c.pd } else { pd });
@@ -324,7 +327,7 @@ pub unsafe extern "C" fn cm_rdma_create_qp_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_destroy_qp(id: *mut RdmaCmId) {
-    if id.is_null() {
+    if crate::api::live(id).is_err() {
         return;
     }
     // SAFETY: a live id of this library.
@@ -338,8 +341,9 @@ pub unsafe extern "C" fn cm_rdma_destroy_qp(id: *mut RdmaCmId) {
 }
 
 fn create_srq(id: *mut RdmaCmId, pd: *mut c_void, mut attr: IbvSrqInitAttr) -> Result<(), c_int> {
-    // SAFETY: a live id (NULL refused).
-    let c = unsafe { id.as_mut() }.ok_or(libc::EINVAL)?;
+    crate::api::live(id)?;
+    // SAFETY: a live id (checked).
+    let c = unsafe { &mut *id };
     let pd = if pd.is_null() { c.pd } else { pd };
     if pd.is_null() {
         return Err(libc::EINVAL);
@@ -399,7 +403,10 @@ pub unsafe extern "C" fn cm_rdma_create_srq_ex(
 
 #[no_mangle]
 pub unsafe extern "C" fn cm_rdma_destroy_srq(id: *mut RdmaCmId) {
-    // SAFETY: a live id (NULL ignored).
+    if crate::api::live(id).is_err() {
+        return;
+    }
+    // SAFETY: a live id (checked).
     if let Some(c) = unsafe { id.as_mut() } {
         if !c.srq.is_null() {
             // SAFETY: the id's SRQ; the application gives it up.
@@ -418,8 +425,7 @@ pub unsafe extern "C" fn cm_rdma_init_qp_attr(
     if attr.is_null() || mask.is_null() {
         return err(libc::EINVAL);
     }
-    // SAFETY: a live id (or NULL).
-    let Some(token) = (unsafe { crate::api::token_of(id) }) else {
+    let Ok(token) = crate::api::live(id) else {
         return err(libc::EINVAL);
     };
     let Some(plan) = state::lock().ids.get(&token).map(plan) else {

@@ -150,6 +150,8 @@ const MAX_UNBOUND: usize = 64;
 
 pub(crate) struct Cm {
     pub(crate) ids: HashMap<Token, IdEntry>,
+    /// The address of every live id's `struct rdma_cm_id`, and its token.
+    pub(crate) addrs: HashMap<usize, Token>,
     pub(crate) listeners: HashMap<ListenKey, Token>,
     pub(crate) tcp: HashMap<Ipv4Addr, TcpL>,
     pub(crate) conns: HashMap<Token, Conn>,
@@ -167,6 +169,7 @@ static CM: LazyLock<Mutex<Cm>> = LazyLock::new(|| {
         ^ ((std::process::id() as u64) << 32);
     Mutex::new(Cm {
         ids: HashMap::new(),
+        addrs: HashMap::new(),
         listeners: HashMap::new(),
         tcp: HashMap::new(),
         conns: HashMap::new(),
@@ -439,6 +442,7 @@ impl Cm {
         // SAFETY: the id was just made and is not yet published.
         unsafe { crate::api::set_route(&mut *cid, Some(device), local, Some(remote)) };
         let psn = (self.random() & 0xFF_FFFF) as u32;
+        self.addrs.insert(cid as usize, token);
         self.ids.insert(
             token,
             IdEntry {
@@ -676,6 +680,7 @@ impl Cm {
     /// connect requests; its connection is told (REJ, DREQ) and closed.
     pub(crate) fn forget(&mut self, token: Token) -> Option<IdEntry> {
         let e = self.ids.remove(&token)?;
+        self.addrs.remove(&(e.cid.0 as usize));
         for key in &e.listening {
             self.listeners.remove(key);
             let ips: Vec<Ipv4Addr> = match key.0 {

@@ -493,3 +493,49 @@ fn a_destroyed_listener_rejects_the_requests_nobody_saw() {
     );
     destroy(a, &[cli]);
 }
+
+#[test]
+fn pointers_the_library_did_not_make_are_refused_not_followed() {
+    let a = api();
+    let ch = a.channel();
+    let id = a.id(ch, RDMA_PS_TCP);
+    let (s, d) = (sin(CLI, 0), sin(SRV, 7413));
+    // SAFETY: a new id and valid addresses.
+    let rc = unsafe { (a.rdma_resolve_addr)(id, sa(&s), sa(&d), 2000) };
+    assert_eq!(rc, 0);
+    let mut ev = core::ptr::null_mut();
+    // SAFETY: a live channel with an event.
+    assert_eq!(unsafe { (a.rdma_get_cm_event)(ch, &mut ev) }, 0);
+    // Bytes that only look like an id, a channel or an event (a perftest retry once passed
+    // a sockaddr as its id).
+    let mut fake = [0x5Au8; 512];
+    let bogus = fake.as_mut_ptr() as *mut c_void;
+    // SAFETY: the library must refuse the bogus pointers without touching them.
+    unsafe {
+        assert_eq!((a.rdma_ack_cm_event)(ev), 0);
+        assert_eq!((a.rdma_ack_cm_event)(ev), -1, "an event acknowledged twice");
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(
+            (a.rdma_connect)(bogus as *mut RdmaCmId, core::ptr::null()),
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(
+            (a.rdma_get_cm_event)(bogus as *mut RdmaEventChannel, &mut ev),
+            -1
+        );
+        assert_eq!((a.rdma_destroy_id)(id), 0);
+        assert_eq!((a.rdma_destroy_id)(id), -1, "an id destroyed twice");
+        assert_eq!((a.rdma_resolve_route)(id, 2000), -1, "a destroyed id");
+        let mut cid = core::ptr::null_mut();
+        assert_eq!(
+            (a.rdma_create_id)(bogus as *mut _, &mut cid, bogus, RDMA_PS_TCP),
+            -1
+        );
+        (a.rdma_destroy_event_channel)(ch);
+    }
+    assert!(
+        fake.iter().all(|&b| b == 0x5A),
+        "the bogus memory was written"
+    );
+}
