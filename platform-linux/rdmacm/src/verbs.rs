@@ -169,7 +169,9 @@ pub(crate) fn device_at(ip: Ipv4Addr) -> Option<usize> {
 /// The local device for a connection to `dst` from a source the application did not name:
 /// the device at the address the kernel's route to `dst` starts from. When `dst` is itself
 /// one of our devices (a loopback route), another device is chosen when there is one: one
-/// device serves one process at a time, so the peer at `dst` is another process.
+/// device serves one process at a time, so the peer at `dst` is another process. Without a
+/// device on the route, the first device that can reach `dst` (loopback devices reach
+/// 127.0.0.0/8 only); None when there is none.
 pub(crate) fn route_device(dst: Ipv4Addr) -> Option<usize> {
     let devs = devices();
     let src = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))
@@ -180,12 +182,13 @@ pub(crate) fn route_device(dst: Ipv4Addr) -> Option<usize> {
             std::net::IpAddr::V4(v4) => Some(v4),
             std::net::IpAddr::V6(_) => None,
         });
-    let other = || devs.iter().position(|d| d.ip != dst);
+    // A loopback device reaches loopback peers only, a device on a network the network.
+    let reaches = |d: &Device| d.ip.is_loopback() == dst.is_loopback();
+    let other = || devs.iter().position(|d| d.ip != dst && reaches(d));
     match src.and_then(device_at) {
         Some(i) if devs[i].ip != dst => Some(i),
         Some(i) => other().or(Some(i)),
-        None if devs.len() == 1 => Some(0),
-        None => other().or(if devs.is_empty() { None } else { Some(0) }),
+        None => other().or_else(|| devs.iter().position(reaches)),
     }
 }
 
