@@ -218,7 +218,6 @@ pub fn ci_row(root: &Path) -> Row {
         cargo_test: false,
     };
     let suite = "rdmacm (rping, udaddy, perftest -R)".to_string();
-    // Every program passed: the note carries perftest's figures.
     match run(root, &opts) {
         Ok(runs) => {
             let failed: Vec<&Run> = runs.iter().filter(|r| !r.ok()).collect();
@@ -240,6 +239,7 @@ pub fn ci_row(root: &Path) -> Row {
     }
 }
 
+/// The note of a passing row: perftest's figures.
 fn headline(runs: &[Run]) -> String {
     runs.iter()
         .filter(|r| {
