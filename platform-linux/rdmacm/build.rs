@@ -17,7 +17,9 @@
 //!
 //! The verbs are called through the C ABI, as the real librdmacm does: the library is
 //! linked against the installed `libibverbs.so.1` (its symbols and version nodes; at run
-//! time the blue-rdma stand-in of the same name is found first on `LD_LIBRARY_PATH`).
+//! time the blue-rdma stand-in of the same name is found first on `LD_LIBRARY_PATH`);
+//! without an installed one the references stay unbound until the program, which links
+//! libibverbs itself, loads (a warning says so).
 //! This file follows platform-linux/ibverbs/build.rs (same objdump parsing); the two are
 //! kept separate so that each crate builds on its own.
 
@@ -40,14 +42,17 @@ struct Installed {
     symbols: BTreeMap<String, String>,
 }
 
+/// The installed library: `env` when set (a path that does not exist means "none"), else
+/// the first of the distribution's library directories that has `file`.
 fn find_lib(env: &str, file: &str) -> Option<PathBuf> {
     println!("cargo:rerun-if-env-changed={env}");
-    std::env::var_os(env).map(PathBuf::from).or_else(|| {
-        LIB_DIRS
+    match std::env::var_os(env) {
+        Some(p) => Some(PathBuf::from(p)).filter(|p| p.exists()),
+        None => LIB_DIRS
             .iter()
             .map(|d| Path::new(d).join(file))
-            .find(|p| p.exists())
-    })
+            .find(|p| p.exists()),
+    }
 }
 
 fn objdump(args: &[&str], lib: &Path) -> Option<String> {
@@ -190,17 +195,23 @@ fn main() {
     std::fs::write(out.join("symver.s"), symver).expect("OUT_DIR is writable");
     std::fs::write(out.join("stubs.rs"), stubs).expect("OUT_DIR is writable");
 
-    let verbs = find_lib("BLUERDMA_SYSTEM_IBVERBS", "libibverbs.so.1").unwrap_or_else(|| {
-        panic!(
-            "no installed libibverbs.so.1 to link against: install it (Debian/Ubuntu: \
-             apt-get install libibverbs-dev) or set BLUERDMA_SYSTEM_IBVERBS"
-        )
-    });
-    println!("cargo:rerun-if-changed={}", verbs.display());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,librdmacm.so.1");
     println!(
         "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
         out.join("rdmacm.map").display()
     );
-    println!("cargo:rustc-cdylib-link-arg={}", verbs.display());
+    match find_lib("BLUERDMA_SYSTEM_IBVERBS", "libibverbs.so.1") {
+        Some(verbs) => {
+            println!("cargo:rerun-if-changed={}", verbs.display());
+            println!("cargo:rustc-cdylib-link-arg={}", verbs.display());
+        }
+        // Every librdmacm program links libibverbs itself (the rdma_cma.h API is made of
+        // verbs objects), so the verbs still resolve when the program loads; only the
+        // version nodes of the references are lost.
+        None => println!(
+            "cargo:warning=no installed libibverbs.so.1 to link against (install \
+             libibverbs-dev, or set BLUERDMA_SYSTEM_IBVERBS): librdmacm.so takes the verbs \
+             from the libibverbs its program loads"
+        ),
+    }
 }
