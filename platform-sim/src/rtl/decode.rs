@@ -228,7 +228,10 @@ mod tests {
             dma_read_reply(dma_read_reply_line(&reply).as_bytes()).unwrap(),
             reply
         );
-        assert_eq!(frame_line(encode_frame_line(b"abc").as_bytes()).unwrap(), b"abc");
+        assert_eq!(
+            frame_line(encode_frame_line(b"abc").as_bytes()).unwrap(),
+            b"abc"
+        );
         assert_eq!(
             read_lines(&b"ab\nabcdef\nx"[..], 4).unwrap(),
             [
