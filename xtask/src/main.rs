@@ -9,9 +9,12 @@
 //!   on the emulated NIC, next to a TCP baseline (`perftest.rs`).
 //! - `cargo xtask cluster [N]`: UCX and Open MPI over the stand-in on N namespaced nodes
 //!   (`cluster.rs`); `ci` runs it with 2 nodes.
+//! - `cargo xtask fuzz [SECS]`: every cargo-fuzz target of tests/fuzz for SECS seconds
+//!   (`fuzz.rs`); `ci` runs each for a few seconds.
 
 mod cluster;
 mod firmware;
+mod fuzz;
 mod perftest;
 
 use std::env;
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
         Some("doctor") => doctor(&root, &args[1..]),
         Some("perftest") => perftest::perftest(&root, &args[1..]),
         Some("cluster") => cluster::cluster(&root, &args[1..]),
+        Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -69,7 +73,9 @@ fn print_help() {
          a table, non-zero exit on any failure (`cargo xtask perftest --help`)\n  \
          cluster [N]    UCX (ucx_info, ucx_perftest) and an MPI test on N emulated nodes\n                 \
          (namespaces on a bridge), then over UCX's TCP; needs root, not in ci\n                 \
-         (`cargo xtask cluster --help`)"
+         (`cargo xtask cluster --help`)\n  \
+         fuzz [SECS]    every fuzz target of tests/fuzz for SECS seconds (default 60; nightly\n                 \
+         and cargo-fuzz); a table of runs and crashes, non-zero exit on a crash"
     );
 }
 
@@ -229,6 +235,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         &logs,
         "cargo test --workspace --no-fail-fast --locked",
     ));
+    rows.push(fuzz::ci_row(root, &logs));
     if quick {
         println!("ci: --quick: skipping the loom model and the {RISCV_TARGET} build");
     } else {
