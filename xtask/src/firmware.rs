@@ -21,6 +21,22 @@ use super::{check, Row, RISCV_TARGET};
 /// The firmware's package and binary name.
 const FIRMWARE: &str = "bluerdma-firmware";
 
+/// `cargo xtask firmware`: the firmware rows of `ci` alone, as a table.
+pub fn run(root: &Path) -> Result<(), String> {
+    let logs = root.join("target").join("xtask");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let rows = firmware_checks(root, &logs);
+    super::print_table(&rows);
+    let failed: u64 = rows.iter().map(|r| r.failed).sum();
+    match failed {
+        0 => Ok(()),
+        n => Err(format!(
+            "{n} firmware check(s) failed; logs in {}",
+            logs.display()
+        )),
+    }
+}
+
 /// Every firmware check: the build with its size, then (if it built for the target) the
 /// boot on QEMU.
 pub fn firmware_checks(root: &Path, logs: &Path) -> Vec<Row> {

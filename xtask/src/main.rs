@@ -36,6 +36,7 @@ fn main() -> ExitCode {
         Some("perftest") => perftest::perftest(&root, &args[1..]),
         Some("cluster") => cluster::cluster(&root, &args[1..]),
         Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
+        Some("firmware") => firmware::run(&root),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -74,6 +75,7 @@ fn print_help() {
          cluster [N]    UCX (ucx_info, ucx_perftest) and an MPI test on N emulated nodes\n                 \
          (namespaces on a bridge), then over UCX's TCP; needs root, not in ci\n                 \
          (`cargo xtask cluster --help`)\n  \
+         firmware       the firmware rows of ci alone: build, size, core with defmt, QEMU boot\n  \
          fuzz [SECS]    every fuzz target of tests/fuzz for SECS seconds (default 60; nightly\n                 \
          and cargo-fuzz); a table of runs and crashes, non-zero exit on a crash"
     );
