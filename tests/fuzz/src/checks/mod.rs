@@ -190,9 +190,12 @@ impl Read for Chunks<'_> {
     }
 }
 
+/// A fuzz target's check: panics when the input shows a decoder bug.
+pub type Check = fn(&[u8]);
+
 /// Every fuzz target: its name (the binary in `fuzz_targets/` and the seed directory under
 /// `seeds/`) and its check.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Check)] = &[
     ("desc_cmd", desc::desc_cmd),
     ("desc_send", desc::desc_send),
     ("desc_meta", desc::desc_meta),
