@@ -56,6 +56,21 @@ impl fmt::Debug for DeviceAddr {
     }
 }
 
+// The firmware's log lines (defmt) show addresses as `Debug` does.
+#[cfg(feature = "defmt")]
+impl defmt::Format for VirtAddr {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "VirtAddr({=u64:#x})", self.0)
+    }
+}
+
+#[cfg(feature = "defmt")]
+impl defmt::Format for DeviceAddr {
+    fn format(&self, f: defmt::Formatter<'_>) {
+        defmt::write!(f, "DeviceAddr({=u64:#x})", self.0)
+    }
+}
+
 /// The translation page size (hardware-contract.md correction 8: the RTL has 2 MiB fixed;
 /// 64 KiB and 4 KiB are options for future card builds and the emulated NIC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -15,6 +15,7 @@ use crate::regs::Reg;
 /// What a platform operation can fail with. Small and `Copy` so it travels through the
 /// no_std core without allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum PlatformError {
     /// No DMA memory (or no table slot) left of the requested size and alignment.
     OutOfMemory {

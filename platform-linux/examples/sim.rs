@@ -5,67 +5,20 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use bluerdma_linux::scenarios::{run, Options, Row};
 
 fn parse() -> Result<Options, String> {
-    let mut o = Options {
-        port: 4792,
-        faults: std::env::var("BLUERDMA_LINK_FAULTS")
-            .ok()
-            .map(|s| s.parse())
-            .transpose()
-            .map_err(|e| format!("BLUERDMA_LINK_FAULTS: {e}"))?,
-        soak: None,
-        seed: 1,
-        perf: true,
-        in_memory: false,
-        scenarios: true,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        match a.as_str() {
-            "--port" => {
-                o.port = value("--port")?
-                    .parse()
-                    .map_err(|_| "--port: not a port".to_string())?
-            }
-            "--faults" => {
-                o.faults = Some(
-                    value("--faults")?
-                        .parse()
-                        .map_err(|e| format!("--faults: {e}"))?,
-                )
-            }
-            "--seed" => {
-                o.seed = value("--seed")?
-                    .parse()
-                    .map_err(|_| "--seed: not a number".to_string())?
-            }
-            "--soak" => {
-                o.soak = Some(Duration::from_secs(
-                    value("--soak")?
-                        .parse()
-                        .map_err(|_| "--soak: seconds".to_string())?,
-                ))
-            }
-            "--no-perf" => o.perf = false,
-            "--in-memory" => o.in_memory = true,
-            "--help" | "-h" => {
-                println!(
-                    "sim (verbs) [--port P] [--faults SPEC] [--seed N] [--soak SECS] [--no-perf]"
-                );
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown option {other}")),
-        }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "sim (verbs) [--port P] [--faults SPEC] [--seed N] [--soak SECS] [--no-perf]\n\
+             --seed N is the seed that runs (faults and soak); without it SPEC's seed= is"
+        );
+        std::process::exit(0);
     }
-    if let (Some(f), seed) = (o.faults.as_mut(), o.seed) {
-        f.seed ^= seed;
-    }
-    Ok(o)
+    let env_faults = std::env::var("BLUERDMA_LINK_FAULTS").ok();
+    Options::from_args(args, env_faults.as_deref())
 }
 
 /// Logs warnings and errors of the driver and the cards to stderr (BLUERDMA_LOG=debug for
@@ -104,11 +57,12 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the UDP link, port {}; faults {}",
+        "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the UDP link, port {}; faults {}; seed {}",
         opts.port,
         opts.faults
             .map(|f| f.to_string())
-            .unwrap_or_else(|| "none".into())
+            .unwrap_or_else(|| "none".into()),
+        opts.seed
     );
     let mut n = 0;
     let rows = match run(&opts, &mut |r: &Row| {

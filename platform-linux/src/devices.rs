@@ -32,6 +32,11 @@ use crate::verbs::DeviceSpec;
 /// The environment variable that holds the device list or the path of its file.
 pub const DEVICES_ENV: &str = "BLUERDMA_DEVICES";
 
+/// The longest device name: an `ibv_device` name is 64 bytes with its terminating NUL. A
+/// name is ASCII letters, digits, `_`, `-` and `.`, so that both list forms can write it
+/// (`#`, `=`, `@`, `,` and whitespace separate fields).
+pub const MAX_NAME_LEN: usize = 63;
+
 /// One device of the list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceEntry {
@@ -260,8 +265,13 @@ impl DeviceList {
 
 /// One device from its fields; the error says which field is wrong.
 fn parse_entry(name: &str, ip: &str, mac: Option<&str>) -> Result<DeviceEntry, String> {
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return Err(format!("`{name}` is not a device name"));
+    let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if name.is_empty() || name.len() > MAX_NAME_LEN || !name.chars().all(name_char) {
+        return Err(format!(
+            "`{}` is not a device name (ASCII letters, digits, `_`, `-` and `.`; at most \
+             {MAX_NAME_LEN} bytes)",
+            name.escape_debug()
+        ));
     }
     if name.starts_with("uverbs") {
         return Err(format!(
@@ -289,7 +299,8 @@ fn parse_mac(text: &str) -> Option<MacAddr> {
     let mut parts = text.split(':');
     for octet in octets.iter_mut() {
         let part = parts.next()?;
-        if part.len() != 2 {
+        // from_str_radix alone would take a sign (`+f`).
+        if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         *octet = u8::from_str_radix(part, 16).ok()?;
@@ -405,6 +416,32 @@ mod tests {
         );
         let err = DeviceList::parse_file("blue0 10.0.0.1 key=\n", "d.conf").unwrap_err();
         assert!(err.message.contains("needs the path"), "{err}");
+        let err =
+            DeviceList::parse_file("blue0 10.0.0.1 +1:bd:bd:00:00:00\n", "d.conf").unwrap_err();
+        assert!(
+            err.message.contains("is not a MAC"),
+            "a signed octet: {err}"
+        );
+        let err = DeviceList::parse_inline("bl\0ue=10.0.0.1").unwrap_err();
+        assert!(
+            err.message.contains("`bl\\0ue` is not a device name"),
+            "{err}"
+        );
+        let err = DeviceList::parse_file("blue=0 10.0.0.1\n", "d.conf").unwrap_err();
+        assert!(err.message.contains("is not a device name"), "{err}");
+        let long = format!("{} 10.0.0.1\n", "b".repeat(MAX_NAME_LEN + 1));
+        assert!(DeviceList::parse_file(&long, "d.conf").is_err());
+        let ok = format!(
+            "{} 10.0.0.1\nmlx5_0.x-1 10.0.0.2\n",
+            "b".repeat(MAX_NAME_LEN)
+        );
+        assert_eq!(
+            DeviceList::parse_file(&ok, "d.conf")
+                .unwrap()
+                .entries()
+                .len(),
+            2
+        );
         let err = DeviceList::parse_file("# nothing\n", "d.conf").unwrap_err();
         assert_eq!(err.to_string(), "d.conf: the device list is empty");
     }

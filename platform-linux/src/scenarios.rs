@@ -36,6 +36,81 @@ pub struct Options {
     pub scenarios: bool,
 }
 
+/// The soak's seed when neither `--seed` nor the fault specification names one.
+pub const DEFAULT_SEED: u64 = 1;
+
+impl Options {
+    /// The options of `cargo run -p bluerdma-linux --example sim -- [--port P] [--faults SPEC]
+    /// [--seed N] [--soak SECS] [--no-perf] [--in-memory]`; `env_faults` is the value of
+    /// `BLUERDMA_LINK_FAULTS` (a `--faults` wins over it).
+    ///
+    /// The seed a user names is the seed that runs: `--seed N` is the seed of blue0's fault
+    /// decisions (it replaces SPEC's `seed=`) and of the soak; without it SPEC's seed (0 when
+    /// SPEC names none) is both; with neither a SPEC nor `--seed` the soak uses
+    /// [`DEFAULT_SEED`]. blue1's fault seed is derived from blue0's ([`run`]).
+    pub fn from_args(
+        args: impl IntoIterator<Item = String>,
+        env_faults: Option<&str>,
+    ) -> Result<Options, String> {
+        let parse_faults = |spec: &str, from: &str| {
+            spec.parse::<FaultConfig>()
+                .map_err(|e| format!("{from}: {e}"))
+        };
+        let mut o = Options {
+            port: 4792,
+            faults: env_faults
+                .map(|s| parse_faults(s, "BLUERDMA_LINK_FAULTS"))
+                .transpose()?,
+            soak: None,
+            seed: DEFAULT_SEED,
+            perf: true,
+            in_memory: false,
+            scenarios: true,
+        };
+        let mut seed: Option<u64> = None;
+        let mut args = args.into_iter();
+        while let Some(a) = args.next() {
+            let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+            match a.as_str() {
+                "--port" => {
+                    o.port = value("--port")?
+                        .parse()
+                        .map_err(|_| "--port: not a port".to_string())?
+                }
+                "--faults" => o.faults = Some(parse_faults(&value("--faults")?, "--faults")?),
+                "--seed" => {
+                    let v = value("--seed")?;
+                    let parsed = match v.strip_prefix("0x") {
+                        Some(hex) => u64::from_str_radix(hex, 16),
+                        None => v.parse(),
+                    };
+                    seed = Some(parsed.map_err(|_| format!("--seed {v}: not a u64"))?);
+                }
+                "--soak" => {
+                    o.soak = Some(Duration::from_secs(
+                        value("--soak")?
+                            .parse()
+                            .map_err(|_| "--soak: seconds".to_string())?,
+                    ))
+                }
+                "--no-perf" => o.perf = false,
+                "--in-memory" => o.in_memory = true,
+                other => return Err(format!("unknown option {other}")),
+            }
+        }
+        match (seed, o.faults.as_mut()) {
+            (Some(s), Some(f)) => {
+                f.seed = s;
+                o.seed = s;
+            }
+            (Some(s), None) => o.seed = s,
+            (None, Some(f)) => o.seed = f.seed,
+            (None, None) => {}
+        }
+        Ok(o)
+    }
+}
+
 /// One row of the summary.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -651,4 +726,62 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&Row)) -> Result<Vec<Row>, S
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(args: &[&str], env: Option<&str>) -> Result<Options, String> {
+        Options::from_args(args.iter().map(|s| s.to_string()), env)
+    }
+
+    #[test]
+    fn the_seed_a_user_names_is_the_seed_that_runs() {
+        // The spec's seed alone: the faults and the soak run seed 1 (not 1 ^ 1 = 0).
+        let o = opts(&["--faults", "drop=0.05,seed=1"], None).unwrap();
+        assert_eq!(o.faults.map(|f| f.seed), Some(1));
+        assert_eq!(o.seed, 1);
+        let o = opts(&["--faults", "drop=0.05,seed=0x2a"], None).unwrap();
+        assert_eq!((o.faults.unwrap().seed, o.seed), (42, 42));
+        // --seed wins over the spec's, in either order, for both.
+        for args in [
+            &["--seed", "7", "--faults", "drop=0.05,seed=1"][..],
+            &["--faults", "drop=0.05,seed=1", "--seed", "7"][..],
+        ] {
+            let o = opts(args, None).unwrap();
+            assert_eq!((o.faults.unwrap().seed, o.seed), (7, 7), "{args:?}");
+        }
+        // From the environment, as from --faults.
+        let o = opts(&[], Some("dup=0.1,seed=5")).unwrap();
+        assert_eq!((o.faults.unwrap().seed, o.seed), (5, 5));
+        // A spec without a seed runs seed 0 (FaultConfig's default); no spec, DEFAULT_SEED.
+        let o = opts(&["--faults", "drop=0.1"], None).unwrap();
+        assert_eq!((o.faults.unwrap().seed, o.seed), (0, 0));
+        assert_eq!(opts(&[], None).unwrap().seed, DEFAULT_SEED);
+        let o = opts(&["--seed", "9"], None).unwrap();
+        assert_eq!((o.faults.is_none(), o.seed), (true, 9));
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        assert!(opts(&["--seed"], None)
+            .unwrap_err()
+            .contains("--seed needs a value"));
+        assert!(opts(&["--seed", "-1"], None)
+            .unwrap_err()
+            .contains("not a u64"));
+        assert!(opts(&["--faults", "drop=2"], None)
+            .unwrap_err()
+            .contains("--faults"));
+        assert!(opts(&[], Some("loss=1"))
+            .unwrap_err()
+            .contains("BLUERDMA_LINK_FAULTS"));
+        assert!(opts(&["--bogus"], None).unwrap_err().contains("--bogus"));
+        let o = opts(&["--port", "5000", "--soak", "3", "--no-perf"], None).unwrap();
+        assert_eq!(
+            (o.port, o.soak, o.perf),
+            (5000, Some(Duration::from_secs(3)), false)
+        );
+    }
 }

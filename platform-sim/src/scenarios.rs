@@ -659,6 +659,12 @@ mod tests {
         );
         assert_eq!(o.effective_seed(), 16);
         assert_eq!(o.only, vec!["WRITE".to_string()]);
+        // The spec's own seed runs as named (nothing is mixed into it).
+        let Ok(Command::Run(o)) = parse(&["--faults", "drop=0.05,seed=1"]) else {
+            panic!("not a run");
+        };
+        assert_eq!(o.effective_faults().map(|f| f.seed), Some(1));
+        assert_eq!(o.effective_seed(), 1);
         assert!(parse(&["--port"]).unwrap_err().contains("needs a value"));
         assert!(parse(&["--faults", "drop=2"]).unwrap_err().contains("drop"));
         assert!(parse(&["--bogus"]).unwrap_err().contains("--bogus"));

@@ -1,7 +1,8 @@
 //! The firmware checks of `cargo xtask ci` (issue F): build the soft-core firmware for
 //! riscv32imac, prove its dependency tree has no `std` and no `alloc`, print its size
-//! (text/data/bss, plus the DMA arena and the stack reserve) so that growth is visible, and
-//! boot it on QEMU when QEMU is installed.
+//! (text/data/bss, plus the DMA arena and the stack reserve) so that growth is visible, build
+//! the core with its defmt logging (host and soft-core), and boot the firmware on QEMU
+//! (qemu-system-misc, which .ci/run installs; missing in CI is a failure, elsewhere a skip).
 //!
 //! Wiring (main.rs): `mod firmware;` and, next to `no_std_build`, in `ci`:
 //! `rows.extend(firmware::firmware_checks(root, &logs));`
@@ -20,14 +21,55 @@ use super::{check, Row, RISCV_TARGET};
 /// The firmware's package and binary name.
 const FIRMWARE: &str = "bluerdma-firmware";
 
+/// `cargo xtask firmware`: the firmware rows of `ci` alone, as a table.
+pub fn run(root: &Path) -> Result<(), String> {
+    let logs = root.join("target").join("xtask");
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let rows = firmware_checks(root, &logs);
+    super::print_table(&rows);
+    let failed: u64 = rows.iter().map(|r| r.failed).sum();
+    match failed {
+        0 => Ok(()),
+        n => Err(format!(
+            "{n} firmware check(s) failed; logs in {}",
+            logs.display()
+        )),
+    }
+}
+
 /// Every firmware check: the build with its size, then (if it built for the target) the
 /// boot on QEMU.
 pub fn firmware_checks(root: &Path, logs: &Path) -> Vec<Row> {
     let build = firmware_build(root, logs);
     let built_for_target = build.failed == 0 && !build.suite.contains("FALLBACK");
     let mut rows = vec![build];
+    rows.extend(core_defmt_builds(root, logs, built_for_target));
     if built_for_target {
         rows.push(firmware_boot(root, logs));
+    }
+    rows
+}
+
+/// The core with its `defmt` logging, which the firmware uses (`core-defmt`): for the host
+/// (every log argument has a `defmt::Format`) and, when the target is there, for the
+/// soft-core.
+fn core_defmt_builds(root: &Path, logs: &Path, have_target: bool) -> Vec<Row> {
+    let mut rows = vec![check(
+        root,
+        logs,
+        "core with defmt logging",
+        "cargo build -p bluerdma-core --features defmt --locked",
+    )];
+    if have_target {
+        rows.push(check(
+            root,
+            logs,
+            "core with defmt for riscv32imac",
+            &format!(
+                "cargo build -p bluerdma-core --features defmt --target {RISCV_TARGET} --release \
+                 --locked"
+            ),
+        ));
     }
     rows
 }
@@ -173,11 +215,20 @@ pub fn firmware_boot(root: &Path, logs: &Path) -> Row {
         .status()
         .is_ok_and(|s| s.success());
     if !have_qemu {
+        // .ci/run installs it; in CI its absence is a failure, not a silent skip.
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            let note = "qemu-system-riscv32 missing: apt-get install qemu-system-misc".to_string();
+            eprintln!("ci: {suite}: FAILED: {note}");
+            return row(false, note);
+        }
         println!("ci: {suite}: SKIPPED: qemu-system-riscv32 not installed (qemu-system-misc)");
         return Row {
             passed: 0,
             failed: 0,
-            ..row(true, "skipped: no qemu-system-riscv32".into())
+            ..row(
+                true,
+                "skipped: no qemu-system-riscv32 (apt-get install qemu-system-misc)".into(),
+            )
         };
     }
     println!("ci: {suite}");

@@ -11,9 +11,12 @@
 //!   (`cluster.rs`); `ci` runs it with 2 nodes.
 //! - `cargo xtask rdmacm`: rdma_cm programs (rping, udaddy, perftest -R) over the
 //!   librdmacm.so.1 stand-in (`rdmacm.rs`).
+//! - `cargo xtask fuzz [SECS]`: every cargo-fuzz target of tests/fuzz for SECS seconds
+//!   (`fuzz.rs`); `ci` runs each for a few seconds.
 
 mod cluster;
 mod firmware;
+mod fuzz;
 mod perftest;
 mod rdmacm;
 
@@ -36,6 +39,8 @@ fn main() -> ExitCode {
         Some("perftest") => perftest::perftest(&root, &args[1..]),
         Some("cluster") => cluster::cluster(&root, &args[1..]),
         Some("rdmacm") => rdmacm::rdmacm(&root, &args[1..]),
+        Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
+        Some("firmware") => firmware::run(&root),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -75,7 +80,10 @@ fn print_help() {
          (namespaces on a bridge), then over UCX's TCP; needs root, not in ci\n                 \
          (`cargo xtask cluster --help`)\n  \
          rdmacm [opts]  rping, udaddy, rdma_server/rdma_client and perftest -R over\n                 \
-         target/ibverbs/librdmacm.so.1, then the crate's tests (`cargo xtask rdmacm --help`)"
+         target/ibverbs/librdmacm.so.1, then the crate's tests (`cargo xtask rdmacm --help`)\n  \
+         firmware       the firmware rows of ci alone: build, size, core with defmt, QEMU boot\n  \
+         fuzz [SECS]    every fuzz target of tests/fuzz for SECS seconds (default 60; nightly\n                 \
+         and cargo-fuzz); a table of runs and crashes, non-zero exit on a crash"
     );
 }
 
@@ -235,6 +243,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         &logs,
         "cargo test --workspace --no-fail-fast --locked",
     ));
+    rows.push(fuzz::ci_row(root, &logs));
     if quick {
         println!("ci: --quick: skipping the loom model and the {RISCV_TARGET} build");
     } else {

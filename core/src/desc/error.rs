@@ -8,6 +8,7 @@ use crate::addr::DeviceAddr;
 
 /// Which descriptor (or which part of a pair) an error is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DescKind {
     /// A command request whose op code is not known yet.
     CmdRequest,
@@ -78,6 +79,7 @@ impl fmt::Display for DescKind {
 
 /// What is wrong with a descriptor (or a pair, or a PGT staging buffer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DescError {
     /// The op code is not one this descriptor family defines or the codec supports.
     UnknownOpCode {

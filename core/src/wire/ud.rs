@@ -179,7 +179,8 @@ impl UdFrame {
 
     /// Reads a UD frame; returns its headers and the range of its payload in `frame`.
     /// Checks the envelope (as [`FrameEnvelope::parse`]), the UDP port, the opcode, the
-    /// BTH's transport version and pad count, and the ICRC.
+    /// BTH's transport version and pad count, the payload length (at most
+    /// [`UD_MAX_PAYLOAD`], as [`UdFrame::emit`] takes) and the ICRC.
     pub fn parse(frame: &[u8]) -> Result<(UdFrame, Range<usize>), WireError> {
         let (envelope, dst_port, udp_payload) = FrameEnvelope::parse(frame)?;
         if dst_port != UD_UDP_PORT {
@@ -222,6 +223,14 @@ impl UdFrame {
                 needed: ICRC_LEN + bth.pad_count as usize,
                 available: rest.len(),
             })?;
+        // What `emit` refuses is refused here too: a longer payload overruns an RX slot.
+        if payload_and_pad > UD_MAX_PAYLOAD {
+            return Err(WireError::FieldOutOfRange {
+                field: "ud.payload_len",
+                value: payload_and_pad as u64,
+                max: UD_MAX_PAYLOAD as u64,
+            });
+        }
         let mut stored = [0u8; ICRC_LEN];
         stored.copy_from_slice(trailer);
         let found = u32::from_le_bytes(stored);
@@ -422,6 +431,39 @@ mod tests {
             UdFrame::parse(&bad[..n]),
             Err(WireError::UnknownOpcode { raw: 4 })
         ));
+    }
+
+    #[test]
+    fn a_payload_longer_than_emit_takes_is_refused() {
+        // The largest frame without immediate data, then one payload byte more, with the
+        // lengths and the ICRC fixed so that only the payload length is wrong.
+        let payload = [0x5Au8; UD_MAX_PAYLOAD + 1];
+        let mut out = [0u8; UD_MAX_FRAME + 8];
+        let f = sample(None);
+        let h = f.header_len();
+        out[h..h + UD_MAX_PAYLOAD].copy_from_slice(&payload[..UD_MAX_PAYLOAD]);
+        let n = f.emit(&mut out, UD_MAX_PAYLOAD).unwrap();
+        assert!(UdFrame::parse(&out[..n]).is_ok());
+        let n = n + 1;
+        out[h..h + UD_MAX_PAYLOAD + 1].copy_from_slice(&payload);
+        let ip_len = (n - ETH_HEADER_LEN) as u16;
+        out[16..18].copy_from_slice(&ip_len.to_be_bytes());
+        out[24..26].fill(0);
+        let mut ip = [0u8; IPV4_HEADER_LEN];
+        ip.copy_from_slice(&out[IPV4_RANGE]);
+        let sum = super::super::ipv4::ipv4_checksum(&ip);
+        out[24..26].copy_from_slice(&sum.to_be_bytes());
+        out[38..40].copy_from_slice(&(ip_len - IPV4_HEADER_LEN as u16).to_be_bytes());
+        let crc = icrc(&out[ETH_HEADER_LEN..n - ICRC_LEN]);
+        out[n - ICRC_LEN..n].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            UdFrame::parse(&out[..n]),
+            Err(WireError::FieldOutOfRange {
+                field: "ud.payload_len",
+                value: UD_MAX_PAYLOAD as u64 + 1,
+                max: UD_MAX_PAYLOAD as u64
+            })
+        );
     }
 
     #[test]

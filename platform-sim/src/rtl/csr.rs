@@ -46,25 +46,25 @@ pub const fn csr_port(inst: u8) -> u16 {
 
 /// One request or read reply, exactly as Python's `json.dumps` prints it (keys in this order,
 /// `", "` and `": "` separators), plus the terminating newline.
-fn csr_line(is_write: bool, addr: u32, value: u32) -> String {
+pub(crate) fn csr_line(is_write: bool, addr: u32, value: u32) -> String {
     format!("{{\"is_write\": {is_write}, \"addr\": {addr}, \"value\": {value}}}\n")
 }
 
 /// A request as the card receives it. `value` is ignored for reads, so it may be missing.
 #[derive(Deserialize)]
-struct CsrRequest {
-    is_write: bool,
-    addr: u32,
+pub(crate) struct CsrRequest {
+    pub(crate) is_write: bool,
+    pub(crate) addr: u32,
     #[serde(default)]
-    value: Option<u32>,
+    pub(crate) value: Option<u32>,
 }
 
 /// A read reply as the driver receives it.
 #[derive(Deserialize)]
-struct CsrReply {
-    is_write: bool,
-    addr: u32,
-    value: u32,
+pub(crate) struct CsrReply {
+    pub(crate) is_write: bool,
+    pub(crate) addr: u32,
+    pub(crate) value: u32,
 }
 
 // ---------------------------------------------------------------------------------------

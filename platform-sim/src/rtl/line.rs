@@ -8,7 +8,7 @@ use std::io::{self, BufRead, BufReader, Read};
 
 /// The longest line accepted: a base64 jumbo frame (9018 bytes) is about 12 KiB, a DMA beat
 /// message well under 1 KiB.
-pub(crate) const MAX_LINE: usize = 64 * 1024;
+pub const MAX_LINE: usize = 64 * 1024;
 
 /// One line, or the length of one that exceeded the bound.
 #[derive(Debug, PartialEq, Eq)]

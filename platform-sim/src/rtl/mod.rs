@@ -6,10 +6,12 @@
 //! lets the emulated NIC serve the same protocol, so the path is tested without the RTL.
 //! The Ethernet links ([`TwoCardLink`], [`SoftSwitchLink`], [`SoftSwitch`]) join simulated
 //! and emulated cards. All traffic stays on 127.0.0.1; every port is configurable and the
-//! defaults follow the spec.
+//! defaults follow the spec. [`decode`] is the public entry point to the decoders of every
+//! line the channels read (for the fuzz targets in `tests/fuzz`).
 
 pub mod connect;
 pub mod csr;
+pub mod decode;
 pub mod dma;
 pub mod eth;
 mod line;

@@ -138,22 +138,22 @@ fn request_id(channel: DmaChannel, n: u64) -> String {
 /// `length`, `mem_read` carries `length`, `request_id` and the beat flags. One flat struct
 /// parses in a single pass (serde's internally tagged enums buffer the whole object first).
 #[derive(Debug, Deserialize)]
-struct SimRequest {
+pub(crate) struct SimRequest {
     #[serde(rename = "type")]
-    kind: String,
-    channel_id: u32,
-    address: u64,
-    length: usize,
+    pub(crate) kind: String,
+    pub(crate) channel_id: u32,
+    pub(crate) address: u64,
+    pub(crate) length: usize,
     #[serde(default)]
-    data: Option<Vec<u8>>,
+    pub(crate) data: Option<Vec<u8>>,
     #[serde(default)]
-    start_byte_index: u32,
+    pub(crate) start_byte_index: u32,
     #[serde(default = "yes")]
-    is_first: bool,
+    pub(crate) is_first: bool,
     #[serde(default = "yes")]
-    is_last: bool,
+    pub(crate) is_last: bool,
     #[serde(default)]
-    request_id: Option<String>,
+    pub(crate) request_id: Option<String>,
 }
 
 fn yes() -> bool {
@@ -162,48 +162,48 @@ fn yes() -> bool {
 
 /// A `mem_write` beat as the card sends it (fields in the simulator's order).
 #[derive(Serialize)]
-struct MemWriteMsg<'a> {
+pub(crate) struct MemWriteMsg<'a> {
     #[serde(rename = "type")]
-    kind: &'static str,
-    channel_id: u8,
-    address: u64,
-    data: &'a [u8],
-    length: usize,
+    pub(crate) kind: &'static str,
+    pub(crate) channel_id: u8,
+    pub(crate) address: u64,
+    pub(crate) data: &'a [u8],
+    pub(crate) length: usize,
 }
 
 /// A `mem_read` beat as the card sends it (fields in the simulator's order).
 #[derive(Serialize)]
-struct MemReadMsg<'a> {
+pub(crate) struct MemReadMsg<'a> {
     #[serde(rename = "type")]
-    kind: &'static str,
-    channel_id: u8,
-    address: u64,
-    length: usize,
-    start_byte_index: u8,
-    is_first: bool,
-    is_last: bool,
-    request_id: &'a str,
+    pub(crate) kind: &'static str,
+    pub(crate) channel_id: u8,
+    pub(crate) address: u64,
+    pub(crate) length: usize,
+    pub(crate) start_byte_index: u8,
+    pub(crate) is_first: bool,
+    pub(crate) is_last: bool,
+    pub(crate) request_id: &'a str,
 }
 
 /// The driver's answer to a `mem_read` beat.
 #[derive(Serialize)]
-struct MemReadResponse<'a> {
+pub(crate) struct MemReadResponse<'a> {
     #[serde(rename = "type")]
-    kind: &'static str,
-    channel_id: u32,
-    request_id: &'a str,
-    data: &'a [u8],
-    start_byte_index: u32,
-    is_first: bool,
-    is_last: bool,
+    pub(crate) kind: &'static str,
+    pub(crate) channel_id: u32,
+    pub(crate) request_id: &'a str,
+    pub(crate) data: &'a [u8],
+    pub(crate) start_byte_index: u32,
+    pub(crate) is_first: bool,
+    pub(crate) is_last: bool,
 }
 
 /// The fields of a read reply the card checks; the others are optional on the wire.
 #[derive(Deserialize)]
-struct ReadReply {
-    channel_id: u32,
-    request_id: String,
-    data: Vec<u8>,
+pub(crate) struct ReadReply {
+    pub(crate) channel_id: u32,
+    pub(crate) request_id: String,
+    pub(crate) data: Vec<u8>,
 }
 
 #[cfg(test)]
