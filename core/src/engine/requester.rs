@@ -400,7 +400,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             q.req.next_msn = w.msn.wrapping_add(1);
             self.sq(i).mark_sent();
         }
-        let timeout = attrs.ack_timeout().map(|t| now + t);
+        let timeout = attrs.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
         self.timers(i).start(Timer::Retransmit, timeout);
         // The window may be full in the middle of this request: the rest goes out as ACKs
         // open it.

@@ -1,0 +1,108 @@
+//! The memory of an owned MR ([`Pd::alloc_mr`](super::Pd::alloc_mr)): page-aligned heap
+//! memory for backends that register any memory, 2 MiB hugetlb pages for the card, which
+//! translates 2 MiB pages that must each be physically contiguous.
+
+use bluerdma_core::engine::VerbsError;
+
+use crate::backend::BufferKind;
+
+/// 2 MiB.
+const HUGEPAGE: usize = 2 << 20;
+/// log2 of the hugepage size, in the position `MAP_HUGE_*` flags take.
+const MAP_HUGE_2MB: i32 = 21 << libc::MAP_HUGE_SHIFT;
+
+/// Zeroed memory owned by an MR.
+pub(super) enum OwnedBuf {
+    /// From the heap.
+    Heap {
+        ptr: *mut u8,
+        layout: std::alloc::Layout,
+    },
+    /// A private mapping of hugetlb pages.
+    Huge { ptr: *mut u8, len: usize },
+}
+
+// SAFETY: the buffer is plain bytes owned by this value.
+unsafe impl Send for OwnedBuf {}
+// SAFETY: shared access only hands out the pointer; the verbs contract governs its use.
+unsafe impl Sync for OwnedBuf {}
+
+impl OwnedBuf {
+    /// `len` zeroed bytes (at least one) of the kind the backend registers.
+    pub(super) fn new(len: usize, kind: BufferKind) -> Result<Self, VerbsError> {
+        let len = len.max(1);
+        match kind {
+            BufferKind::Heap => {
+                let layout =
+                    std::alloc::Layout::from_size_align(len, 4096).map_err(|_| too_large())?;
+                // SAFETY: the layout has a non-zero size.
+                let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+                if ptr.is_null() {
+                    return Err(VerbsError::OutOfResources { what: "memory" });
+                }
+                Ok(OwnedBuf::Heap { ptr, layout })
+            }
+            BufferKind::HugePages => {
+                let len = len
+                    .checked_next_multiple_of(HUGEPAGE)
+                    .ok_or_else(too_large)?;
+                // SAFETY: a fresh private anonymous mapping at an address the kernel picks.
+                let ptr = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE
+                            | libc::MAP_ANONYMOUS
+                            | libc::MAP_HUGETLB
+                            | MAP_HUGE_2MB
+                            | libc::MAP_POPULATE,
+                        -1,
+                        0,
+                    )
+                };
+                if ptr == libc::MAP_FAILED {
+                    log::error!(
+                        "alloc_mr: {len} bytes of 2 MiB hugepages: {}; reserve some with \
+                         `echo 16 | sudo tee /proc/sys/vm/nr_hugepages`",
+                        std::io::Error::last_os_error()
+                    );
+                    return Err(VerbsError::OutOfResources {
+                        what: "2 MiB hugepages (reserve some: \
+                               echo 16 | sudo tee /proc/sys/vm/nr_hugepages)",
+                    });
+                }
+                Ok(OwnedBuf::Huge {
+                    ptr: ptr.cast(),
+                    len,
+                })
+            }
+        }
+    }
+
+    /// The first byte.
+    pub(super) fn ptr(&self) -> *mut u8 {
+        match self {
+            OwnedBuf::Heap { ptr, .. } | OwnedBuf::Huge { ptr, .. } => *ptr,
+        }
+    }
+}
+
+fn too_large() -> VerbsError {
+    VerbsError::InvalidArgument {
+        what: "buffer length",
+    }
+}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        match *self {
+            // SAFETY: allocated in `new` with this layout.
+            OwnedBuf::Heap { ptr, layout } => unsafe { std::alloc::dealloc(ptr, layout) },
+            // SAFETY: the mapping made in `new`; no pointer into it outlives its MR.
+            OwnedBuf::Huge { ptr, len } => unsafe {
+                libc::munmap(ptr.cast(), len);
+            },
+        }
+    }
+}
