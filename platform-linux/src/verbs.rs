@@ -173,14 +173,15 @@ impl Context {
             regs,
             dma,
             mem,
-            timers,
+            tuning,
             buffers,
             handle,
         } = backend;
         let mut cfg = DeviceConfig::new(spec.mac, spec.ip);
         cfg.page_size = spec.page_size;
-        cfg.command_timeout = Nanos(timers.command_timeout.as_nanos() as u64);
-        cfg.ack_timeout_min = Nanos(timers.ack_timeout_min.as_nanos() as u64);
+        cfg.command_timeout = Nanos(tuning.command_timeout.as_nanos() as u64);
+        cfg.ack_timeout_min = Nanos(tuning.ack_timeout_min.as_nanos() as u64);
+        cfg.send_window = tuning.send_window.max(1);
         let epoch = std::time::Instant::now();
         let mut clock = || Instant(epoch.elapsed().as_nanos() as u64);
         let mut dev = Device::open(

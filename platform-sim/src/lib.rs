@@ -1,8 +1,9 @@
 //! The emulated blue-rdma NIC: a behavioural model of the card that honours the same
 //! hardware contract as the real one (`shared/spec/nic-behaviour.md`,
 //! `shared/spec/hardware-contract.md`), the link that carries its Ethernet frames, and the
-//! two ways to attach a driver to it: in-process (device addresses are the process's own)
-//! and the RTL simulator's socket protocol (`shared/spec/rtl-sim-protocol.md`).
+//! three ways to attach a driver to it: in-process (device addresses are the process's
+//! own), the RTL simulator's socket protocol (`shared/spec/rtl-sim-protocol.md`), and a
+//! fake PCI card served to another process ([`pci`]).
 #![deny(missing_docs)]
 
 pub use bluerdma_core as core;
@@ -12,6 +13,7 @@ pub mod inproc;
 pub mod link;
 pub mod mem;
 pub mod model;
+pub mod pci;
 pub mod rawdrv;
 pub mod rtl;
 pub mod scenarios;

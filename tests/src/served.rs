@@ -2,6 +2,7 @@
 //! simulator's sockets) and `pci-serve` (a fake PCI card under a root directory). The
 //! binary is built once per test binary with the test's own profile and target directory;
 //! each served card is a child process, stopped (SIGTERM, then SIGKILL) when dropped.
+//! [`exercise`] is the traffic every backend test runs over its pair of devices.
 
 use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
@@ -10,6 +11,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::Duration;
+
+use bluerdma_core::engine::{RecvWr, SendOp, WcOpcode, WcStatus};
+use bluerdma_linux::devices::{self, DeviceList, Settings};
+use bluerdma_linux::Context;
+
+use crate::{assert_bytes_eq, fill_pattern, wr, Side, ALL};
 
 /// How long a served card may take to say it serves (a cold start builds nothing; the
 /// binary is built before).
@@ -154,5 +161,184 @@ impl Drop for Served {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// How long one completion may take.
+const WAIT: Duration = Duration::from_secs(60);
+/// The sizes [`exercise`] moves.
+pub const SIZES: [usize; 3] = [4096, 65536 + 17, 1 << 20];
+
+/// Opens every device of the inline list `text`.
+pub fn open_all(text: &str) -> Vec<Context> {
+    let list = DeviceList::parse_inline(text).unwrap();
+    let settings = Settings::from_vars(&|_| None).unwrap();
+    list.entries()
+        .iter()
+        .map(|e| devices::open(&list, e, e.spec(), &settings).unwrap_or_else(|e| panic!("{e}")))
+        .collect()
+}
+
+/// The next completion of `cq`; fails the test after [`WAIT`].
+fn one(cq: &bluerdma_linux::Cq, what: &str) -> bluerdma_core::engine::WorkCompletion {
+    let got = cq.wait(1, WAIT).unwrap();
+    assert_eq!(got.len(), 1, "{what}: no completion within {WAIT:?}");
+    got[0]
+}
+
+/// WRITE and READ from `a` to `b`, and SEND from `a` into a receive WR of `b`, at each
+/// size, every byte checked.
+pub fn exercise(a: &Context, b: &Context, (sa, sb): (&Side, &Side), seed: u32) {
+    let len_max = *SIZES.iter().max().unwrap();
+    let mut src = sa.pd.alloc_mr(len_max, ALL).unwrap();
+    let dst = sb.pd.alloc_mr(len_max, ALL).unwrap();
+    let sink = sa.pd.alloc_mr(len_max, ALL).unwrap();
+    for (k, len) in SIZES.into_iter().enumerate() {
+        let k = k as u64;
+        fill_pattern(src.bytes_mut().unwrap(), seed + k as u32, 0);
+        // SAFETY: the MRs outlive the completion waited for.
+        unsafe {
+            sa.qp
+                .post_send(&[wr(k, SendOp::Write, &src, 0, len, &dst, 0)])
+        }
+        .unwrap();
+        let w = one(&sa.cq, "WRITE");
+        assert_eq!(
+            (w.wr_id, w.status),
+            (k, WcStatus::Success),
+            "WRITE {len} B\n{}\n{}",
+            a.dump(),
+            b.dump()
+        );
+        assert_bytes_eq(
+            &format!("WRITE {len} B"),
+            &dst.bytes().unwrap()[..len],
+            &src.bytes().unwrap()[..len],
+        );
+
+        // SAFETY: as above.
+        unsafe {
+            sa.qp
+                .post_send(&[wr(10 + k, SendOp::Read, &sink, 0, len, &dst, 0)])
+        }
+        .unwrap();
+        let r = one(&sa.cq, "READ");
+        assert_eq!(
+            (r.wr_id, r.status, r.opcode),
+            (10 + k, WcStatus::Success, WcOpcode::RdmaRead),
+            "READ {len} B\n{}\n{}",
+            a.dump(),
+            b.dump()
+        );
+        assert_bytes_eq(
+            &format!("READ {len} B"),
+            &sink.bytes().unwrap()[..len],
+            &dst.bytes().unwrap()[..len],
+        );
+
+        fill_pattern(src.bytes_mut().unwrap(), seed + 100 + k as u32, 0);
+        let recv = RecvWr {
+            wr_id: 20 + k,
+            addr: bluerdma_core::addr::VirtAddr(dst.addr()),
+            len: len_max as u32,
+            lkey: dst.key(),
+        };
+        // SAFETY: the MR outlives the completion.
+        unsafe { sb.qp.post_recv(&[recv]) }.unwrap();
+        let mut send = wr(30 + k, SendOp::Send, &src, 0, len, &dst, 0);
+        send.raddr = bluerdma_core::addr::VirtAddr(0);
+        // SAFETY: as above.
+        unsafe { sa.qp.post_send(&[send]) }.unwrap();
+        let s = one(&sa.cq, "SEND");
+        let r = one(&sb.cq, "RECV");
+        assert_eq!(
+            (s.status, r.status, r.opcode, r.byte_len, r.wr_id),
+            (
+                WcStatus::Success,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                len as u32,
+                20 + k
+            ),
+            "SEND {len} B\n{}\n{}",
+            a.dump(),
+            b.dump()
+        );
+        assert_bytes_eq(
+            &format!("SEND {len} B"),
+            &dst.bytes().unwrap()[..len],
+            &src.bytes().unwrap()[..len],
+        );
+    }
+}
+
+/// Whether this process runs as root (the fake PCI card needs it); says why a test that
+/// needs it did nothing otherwise.
+pub fn root_or_skip(why: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {why} needs root (CI runs as root)"
+        );
+    }
+    root
+}
+
+const POOL: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
+
+fn pool(name: &str) -> u64 {
+    std::fs::read_to_string(format!("{POOL}/{name}"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// At least `pages` free 2 MiB hugepages for the test (root only): the pool grows if it
+/// must, and shrinks back by as much when the last guard of this process is dropped.
+pub struct Hugepages {
+    added: u64,
+}
+
+/// Guards alive in this process and what they added.
+static HUGEPAGES: std::sync::Mutex<(usize, u64)> = std::sync::Mutex::new((0, 0));
+
+impl Hugepages {
+    /// Reserves; panics with the reason if the kernel cannot give them.
+    pub fn reserve(pages: u64) -> Hugepages {
+        let mut g = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
+        let free = pool("free_hugepages");
+        let added = pages.saturating_sub(free);
+        if added > 0 {
+            let nr = pool("nr_hugepages");
+            std::fs::write(format!("{POOL}/nr_hugepages"), (nr + added).to_string())
+                .unwrap_or_else(|e| panic!("cannot grow the hugepage pool: {e}"));
+            let got = pool("free_hugepages");
+            assert!(
+                got >= pages,
+                "only {got} of {pages} 2 MiB hugepages could be reserved"
+            );
+        }
+        g.0 += 1;
+        g.1 += added;
+        Hugepages { added }
+    }
+}
+
+impl Drop for Hugepages {
+    fn drop(&mut self) {
+        let mut g = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
+        g.0 -= 1;
+        let _ = self.added;
+        if g.0 == 0 && g.1 > 0 {
+            let nr = pool("nr_hugepages");
+            let _ = std::fs::write(
+                format!("{POOL}/nr_hugepages"),
+                nr.saturating_sub(g.1).to_string(),
+            );
+            g.1 = 0;
+        }
     }
 }

@@ -9,7 +9,7 @@ use bluerdma_sim::link::LinkPort;
 use bluerdma_sim::model::{Nic, NicConfig};
 
 use super::{
-    Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs, OpenError, Timers,
+    Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs, OpenError, Tuning,
 };
 use crate::verbs::DeviceSpec;
 
@@ -52,7 +52,7 @@ pub fn open(spec: &DeviceSpec, link: Box<dyn LinkPort>) -> Result<Backend, OpenE
         regs: DynRegs(Arc::new(regs)),
         dma: DynDma(Box::new(dma)),
         mem: DynMem(Box::new(mem)),
-        timers: Timers::CARD,
+        tuning: Tuning::CARD,
         buffers: BufferKind::Heap,
         handle: Box::new(Handle(nic)),
     })

@@ -16,8 +16,8 @@
 //! | RTL simulator | `rtl` (feature `rtl`) | CSR socket | answered over the DMA socket | VA + 2^46 |
 //! | emulated card | `emulated` (feature `emulator`) | in-process register file | the process's memory | VA + 2^46 |
 //!
-//! Each backend has its own timer defaults ([`Timers`]): the card answers commands in
-//! microseconds, the simulator's DMA socket moves about 2 MB/s.
+//! Each backend has its own timer and window defaults ([`Tuning`]): the card answers
+//! commands in microseconds, the simulator's DMA socket moves about 2 MB/s.
 
 #[cfg(feature = "emulator")]
 pub mod emulated;
@@ -120,34 +120,43 @@ impl fmt::Display for BackendKind {
     }
 }
 
-/// The engine's timers a backend needs (`DeviceConfig::command_timeout` and
-/// `DeviceConfig::ack_timeout_min`).
+/// How the engine paces itself on a backend: `DeviceConfig::command_timeout`,
+/// `DeviceConfig::ack_timeout_min` and `DeviceConfig::send_window`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Timers {
+pub struct Tuning {
     /// How long a command may take.
     pub command_timeout: Duration,
     /// The least local ACK timeout of every QP.
     pub ack_timeout_min: Duration,
+    /// Packets in flight per QP before new work waits for ACKs (the engine caps it at
+    /// its own limit).
+    pub send_window: u32,
 }
 
-impl Timers {
-    /// The card and the in-process emulated card: commands answer in microseconds, and the
-    /// application's ACK timeout applies unchanged.
-    pub const CARD: Timers = Timers {
+impl Tuning {
+    /// The card and the in-process emulated card: commands answer in microseconds, the
+    /// application's ACK timeout applies unchanged, the window is the engine's.
+    pub const CARD: Tuning = Tuning {
         command_timeout: Duration::from_secs(2),
         ack_timeout_min: Duration::ZERO,
+        send_window: 1024,
     };
     /// The model behind the RTL protocol (`bluerdma-sim serve`): its DMA socket carries
-    /// one JSON line per 32-byte beat, about 2 MB/s, so a 64 KiB message takes some 30 ms
-    /// of DMA on each side and a busy window far more than the 67 ms of `timeout` 14.
-    pub const RTL_MODEL: Timers = Timers {
+    /// one JSON line per 32-byte beat, and each beat the card reads is a round trip, so a
+    /// 4 KiB packet takes milliseconds to fetch and the writes of a full window queue up
+    /// for a second before the receiver's ACK can be fetched behind them. A small window
+    /// keeps that queue short; the floor keeps the ACK timeout above it (the application's
+    /// 67 ms of `timeout` 14 would resend the window again and again).
+    pub const RTL_MODEL: Tuning = Tuning {
         command_timeout: Duration::from_secs(10),
-        ack_timeout_min: Duration::from_secs(1),
+        ack_timeout_min: Duration::from_secs(2),
+        send_window: 16,
     };
     /// The cocotb simulation of the RTL: thousands of times slower than the card.
-    pub const COCOTB: Timers = Timers {
+    pub const COCOTB: Tuning = Tuning {
         command_timeout: Duration::from_secs(120),
-        ack_timeout_min: Duration::from_secs(10),
+        ack_timeout_min: Duration::from_secs(20),
+        send_window: 16,
     };
 }
 
@@ -162,11 +171,11 @@ pub enum Simulator {
 }
 
 impl Simulator {
-    /// The engine's timers for this simulator.
-    pub fn timers(self) -> Timers {
+    /// The engine's tuning for this simulator.
+    pub fn tuning(self) -> Tuning {
         match self {
-            Simulator::Model => Timers::RTL_MODEL,
-            Simulator::Cocotb => Timers::COCOTB,
+            Simulator::Model => Tuning::RTL_MODEL,
+            Simulator::Cocotb => Tuning::COCOTB,
         }
     }
 
@@ -248,8 +257,8 @@ pub struct Backend {
     pub dma: DynDma,
     /// User memory.
     pub mem: DynMem,
-    /// The engine's timers.
-    pub timers: Timers,
+    /// How the engine paces itself.
+    pub tuning: Tuning,
     /// How owned MR buffers are allocated.
     pub buffers: BufferKind,
     /// What keeps the backend alive.
@@ -260,7 +269,7 @@ impl fmt::Debug for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Backend")
             .field("kind", &self.kind)
-            .field("timers", &self.timers)
+            .field("tuning", &self.tuning)
             .field("buffers", &self.buffers)
             .finish_non_exhaustive()
     }

@@ -12,7 +12,7 @@ use bluerdma_core::regs::Counter;
 
 use super::{
     register_counters, Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs,
-    OpenError, Timers,
+    OpenError, Tuning,
 };
 use crate::bar::BarError;
 use crate::card::{open_card, CardConfig, CardError, DmaSource};
@@ -102,7 +102,7 @@ pub fn open(name: &str, cfg: &PciConfig) -> Result<Backend, OpenError> {
         regs: regs.clone(),
         dma: DynDma(Box::new(parts.dma)),
         mem: DynMem(Box::new(parts.mem)),
-        timers: Timers::CARD,
+        tuning: Tuning::CARD,
         buffers: BufferKind::HugePages,
         handle: Box::new(Handle {
             device: parts.device,

@@ -37,11 +37,11 @@ pub fn open(name: &str, cfg: &RtlConfig) -> Result<Backend, OpenError> {
         .connect_timeout
         .unwrap_or_else(|| cfg.simulator.connect_timeout());
     let retry = RetryPolicy::SIMULATOR.giving_up_after(give_up);
-    let timers = cfg.simulator.timers();
+    let tuning = cfg.simulator.tuning();
     let csr = CsrClientConfig {
         port: cfg.csr_port,
         retry,
-        reply_timeout: timers.command_timeout.max(Duration::from_secs(30)),
+        reply_timeout: tuning.command_timeout.max(Duration::from_secs(30)),
     };
     let dma = DmaClientConfig {
         port: cfg.dma_port,
@@ -77,7 +77,7 @@ pub fn open(name: &str, cfg: &RtlConfig) -> Result<Backend, OpenError> {
         regs: regs.clone(),
         dma: DynDma(Box::new(dma)),
         mem: DynMem(Box::new(mem)),
-        timers,
+        tuning,
         buffers: BufferKind::Heap,
         handle: Box::new(Handle {
             dma: dma_client,

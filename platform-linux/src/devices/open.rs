@@ -28,19 +28,18 @@ pub fn open(
     settings: &Settings,
 ) -> Result<Context, OpenError> {
     let mut backend = open_backend(entry, &spec, settings)?;
-    if let Some(t) = entry.options.command_timeout {
-        backend.timers.command_timeout = t;
-    }
-    if let Some(t) = entry.options.ack_timeout_min {
-        backend.timers.ack_timeout_min = t;
-    }
+    let o = &entry.options;
+    let t = &mut backend.tuning;
+    t.command_timeout = o.command_timeout.unwrap_or(t.command_timeout);
+    t.ack_timeout_min = o.ack_timeout_min.unwrap_or(t.ack_timeout_min);
+    t.send_window = o.send_window.unwrap_or(t.send_window);
     let oob = open_oob(list, entry, &spec, settings)?;
     log::info!(
         "{}: {} at {} ({:?})",
         spec.name,
         backend.kind,
         spec.ip,
-        backend.timers
+        backend.tuning
     );
     Context::open_backend(spec, backend, Some(oob))
 }

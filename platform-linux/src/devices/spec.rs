@@ -16,6 +16,7 @@
 //! | `oob` | all | `IP[:PORT]`: the address the out-of-band channel binds (default the device's IP, port 60000) |
 //! | `command_timeout` | all | seconds a command may take |
 //! | `ack_timeout_min` | all | seconds: the least local ACK timeout of every QP |
+//! | `send_window` | all | packets in flight per QP (a fast peer of a slow card sends less at once) |
 //! | `sim` | rtl | `model` (`bluerdma-sim serve`, default) or `cocotb` (longer timers) |
 //! | `connect_timeout` | rtl | seconds to retry connecting to the simulator |
 //! | `udmabuf` | pci | the u-dma-buf buffer for DMA memory (`udmabuf0`) |
@@ -73,6 +74,8 @@ pub struct DeviceOptions {
     pub command_timeout: Option<Duration>,
     /// The least local ACK timeout (`None`: the backend's default).
     pub ack_timeout_min: Option<Duration>,
+    /// Packets in flight per QP (`None`: the backend's default).
+    pub send_window: Option<u32>,
 }
 
 /// Every option key, the backends that take it (`None`: all) and what its value is.
@@ -80,6 +83,7 @@ pub const OPTIONS: &[(&str, Option<BackendKind>, &str)] = &[
     ("oob", None, "IP[:PORT]"),
     ("command_timeout", None, "SECS"),
     ("ack_timeout_min", None, "SECS"),
+    ("send_window", None, "PACKETS"),
     ("sim", Some(BackendKind::Rtl), "model|cocotb"),
     ("connect_timeout", Some(BackendKind::Rtl), "SECS"),
     ("udmabuf", Some(BackendKind::Pci), "NAME"),
@@ -191,6 +195,15 @@ fn apply(
         }
         ("command_timeout", _) => opts.command_timeout = Some(seconds(value)?),
         ("ack_timeout_min", _) => opts.ack_timeout_min = Some(seconds(value)?),
+        ("send_window", _) => {
+            let n: u32 = value
+                .parse()
+                .map_err(|_| format!("`{value}` is not a number"))?;
+            if n == 0 {
+                return Err("a window of 0 packets sends nothing".into());
+            }
+            opts.send_window = Some(n);
+        }
         ("sim", BackendSpec::Rtl(r)) => {
             r.simulator = match value {
                 "model" => Simulator::Model,
