@@ -1,13 +1,17 @@
 //! The verbs half of `cargo xtask sim`: the driver engine end to end on two emulated NICs.
 //!
 //! `cargo run --release -p bluerdma-linux --example sim -- [--port P] [--faults SPEC]
-//! [--seed N] [--soak SECS] [--no-perf]`
+//! [--seed N] [--soak SECS] [--no-perf] [--devices LIST] [--small]`
+//!
+//! `--devices` opens the first two devices of an inline device list (`BLUERDMA_DEVICES`
+//! syntax, e.g. cards served by `bluerdma-sim serve`: `blue0=127.0.0.1+rtl:P/Q,...`)
+//! instead of two emulated NICs; `--small` fits the sizes to the RTL protocol's speed.
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bluerdma_linux::scenarios::{run, Options, Row};
+use bluerdma_linux::scenarios::{run, Options, Row, Scale};
 
 fn parse() -> Result<Options, String> {
     let mut o = Options {
@@ -22,6 +26,8 @@ fn parse() -> Result<Options, String> {
         perf: true,
         in_memory: false,
         scenarios: true,
+        devices: None,
+        scale: Scale::Full,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -53,9 +59,12 @@ fn parse() -> Result<Options, String> {
             }
             "--no-perf" => o.perf = false,
             "--in-memory" => o.in_memory = true,
+            "--devices" => o.devices = Some(value("--devices")?),
+            "--small" => o.scale = Scale::Small,
             "--help" | "-h" => {
                 println!(
-                    "sim (verbs) [--port P] [--faults SPEC] [--seed N] [--soak SECS] [--no-perf]"
+                    "sim (verbs) [--port P] [--faults SPEC] [--seed N] [--soak SECS] [--no-perf] \
+                     [--devices LIST] [--small]"
                 );
                 std::process::exit(0);
             }
@@ -103,13 +112,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    println!(
-        "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the UDP link, port {}; faults {}",
-        opts.port,
-        opts.faults
-            .map(|f| f.to_string())
-            .unwrap_or_else(|| "none".into())
-    );
+    match &opts.devices {
+        Some(list) => println!("sim (verbs): devices {list}; sizes {:?}", opts.scale),
+        None => println!(
+            "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the UDP link, port {}; \
+             faults {}",
+            opts.port,
+            opts.faults
+                .map(|f| f.to_string())
+                .unwrap_or_else(|| "none".into())
+        ),
+    }
     let mut n = 0;
     let rows = match run(&opts, &mut |r: &Row| {
         n += 1;

@@ -10,6 +10,7 @@
 //! - `cargo xtask cluster [N]`: UCX and Open MPI over the stand-in on N namespaced nodes
 //!   (`cluster.rs`); `ci` runs it with 2 nodes.
 
+mod backends;
 mod cluster;
 mod firmware;
 mod perftest;
@@ -61,7 +62,9 @@ fn print_help() {
          link and the scenarios run against them; a summary table, non-zero exit on\n                 \
          any mismatch: first the card through raw rings, then the driver engine through\n                 \
          the verbs API (--faults SPEC, --pcap FILE, --seed N, --port N, --only TEXT,\n                 \
-         --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details)\n  \
+         --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details);\n                 \
+         --backend rtl|pci runs the verbs scenarios on cards served by bluerdma-sim\n                 \
+         serve (the RTL protocol) or pci-serve (a fake PCI card, root only)\n  \
          doctor [opts]  checks this machine for the real card and prints the fix for each\n                 \
          problem (`cargo xtask doctor --help`)\n  \
          perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
@@ -89,6 +92,14 @@ fn project_root() -> PathBuf {
 /// `--only` and `--list` to the raw half, `--faults`, `--seed` and `--port` to both (the
 /// verbs half uses the next port).
 fn sim(root: &Path, args: &[String]) -> Result<(), String> {
+    if let Some(i) = args.iter().position(|a| a == "--backend") {
+        let backend = backends::Backend::parse(args.get(i + 1).map_or("", String::as_str))?;
+        let rest: Vec<String> = [&args[..i], args.get(i + 2..).unwrap_or(&[])].concat();
+        if backend != backends::Backend::Emulated {
+            return backends::sim(root, backend, &rest);
+        }
+        return sim(root, &rest);
+    }
     let mut raw: Vec<String> = Vec::new();
     let mut verbs: Vec<String> = Vec::new();
     let mut it = args.iter();
