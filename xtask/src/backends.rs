@@ -258,6 +258,11 @@ impl Drop for ServedCards {
 /// `--small` makes the PCI card's small too. (The raw-ring half of `sim` exercises the
 /// emulated card alone and does not run here.)
 pub(crate) fn sim(root: &Path, backend: Backend, args: &[String]) -> Result<(), String> {
+    sim_output(root, backend, args).map(|_| ())
+}
+
+/// [`sim`], returning what the scenarios printed.
+fn sim_output(root: &Path, backend: Backend, args: &[String]) -> Result<String, String> {
     let mut verbs: Vec<String> = Vec::new();
     let mut small = backend == Backend::Rtl;
     let mut it = args.iter();
@@ -294,21 +299,74 @@ pub(crate) fn sim(root: &Path, backend: Backend, args: &[String]) -> Result<(), 
         "== sim: the driver engine through the verbs API on {} cards (platform-linux)",
         backend.name()
     );
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(&cargo)
-        .args(["run", "--quiet", "--release", "-p", "bluerdma-linux"])
-        .args(["--example", "sim", "--"])
-        .args(&verbs)
-        .current_dir(root)
-        .status()
-        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
+    let (ok, out) = run_teed(root, &verbs)?;
     drop(cards);
-    if status.success() {
-        Ok(())
+    if ok {
+        Ok(out)
     } else {
         Err(format!(
             "sim --backend {}: verbs scenarios failed",
             backend.name()
         ))
+    }
+}
+
+/// Runs the verbs `sim` example with `args`, its output on our stdout as it comes;
+/// returns whether it passed and what it printed.
+fn run_teed(root: &Path, args: &[String]) -> Result<(bool, String), String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut child = Command::new(&cargo)
+        .args(["run", "--quiet", "--release", "-p", "bluerdma-linux"])
+        .args(["--example", "sim", "--"])
+        .args(args)
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
+    let mut out = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            println!("{line}");
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    let ok = child.wait().map(|s| s.success()).unwrap_or(false);
+    Ok((ok, out))
+}
+
+/// The row of `cargo xtask ci` for `sim --backend <backend> --small`: one check per
+/// scenario, the bandwidth figure in the note.
+pub(crate) fn ci_sim_row(root: &Path, backend: Backend) -> crate::Row {
+    let suite = format!("sim (verbs, {})", backend.name());
+    println!(
+        "ci: {suite}: cargo xtask sim --backend {} --small",
+        backend.name()
+    );
+    let start = Instant::now();
+    let args = ["--small".to_string()];
+    let (passed, failed, note) = match sim_output(root, backend, &args) {
+        Ok(out) => {
+            let count = |word: &str| {
+                out.lines()
+                    .filter(|l| l.starts_with('[') && l.contains(word))
+                    .count() as u64
+            };
+            let bw = out
+                .lines()
+                .find(|l| l.contains("bandwidth") && l.contains(" ok "))
+                .and_then(|l| l.split("  ").last())
+                .unwrap_or("")
+                .to_string();
+            (count(" ok ("), count(" FAILED ("), bw)
+        }
+        Err(e) => (0, 1, e),
+    };
+    crate::Row {
+        suite,
+        passed,
+        failed: failed.max((passed == 0) as u64),
+        time: start.elapsed(),
+        note,
     }
 }

@@ -253,7 +253,12 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         rows.push(no_std_build(root, &logs));
         rows.extend(firmware::firmware_checks(root, &logs));
     }
-    rows.push(perftest::ci_row(root, quick));
+    rows.push(perftest::ci_row(root, quick, backends::Backend::Emulated));
+    // The other backends at sizes that keep CI short (the fake PCI card needs root).
+    for backend in [backends::Backend::Rtl, backends::Backend::Pci] {
+        rows.push(backends::ci_sim_row(root, backend));
+        rows.push(perftest::ci_row(root, true, backend));
+    }
     if quick {
         println!("ci: --quick: skipping the cluster run");
     } else {
