@@ -77,8 +77,12 @@ impl BackendHandle for Handle {
 
 /// Opens the card for device `name`.
 pub fn open(name: &str, cfg: &PciConfig) -> Result<Backend, OpenError> {
-    let card = cfg.card_config();
-    let parts = open_card(&card).map_err(|e| classify(name, &card, &e))?;
+    open_with(name, &cfg.card_config())
+}
+
+/// Opens the card `card` describes for device `name` (what `bluerdma-doctor` checks too).
+pub fn open_with(name: &str, card: &CardConfig) -> Result<Backend, OpenError> {
+    let parts = open_card(card).map_err(|e| classify(name, card, &e))?;
     // A card that is not there (bitstream not loaded, link down) answers every read with
     // all ones: say so now rather than time out on the first command.
     let probe = parts.regs.read32(Counter::EthRdma.reg());
