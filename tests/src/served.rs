@@ -22,36 +22,45 @@ use crate::{assert_bytes_eq, fill_pattern, wr, Side, ALL};
 /// binary is built before).
 const START_LIMIT: Duration = Duration::from_secs(60);
 
+/// Builds with `cargo build ARGS` in this test's profile and target directory; returns
+/// the profile's output directory (`<target>/<profile dir>`).
+pub fn cargo_build(args: &[&str]) -> PathBuf {
+    // A test runs as <target dir>/<profile dir>/deps/<name>.
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lies in <target>/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("a target directory");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev".to_string(),
+        Some(other) => other.to_string(),
+        None => panic!("no profile directory in {}", exe.display()),
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .arg("build")
+        .args(args)
+        .args(["--profile", &profile])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{cargo} build`: {e}"));
+    assert!(
+        out.status.success(),
+        "`{cargo} build {}` failed ({}):\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    profile_dir.to_path_buf()
+}
+
 /// The `bluerdma-sim` binary, built with this test's profile.
 pub fn sim_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        // A test runs as <target dir>/<profile dir>/deps/<name>.
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test executable lies in <target>/<profile>/deps");
-        let target_dir = profile_dir.parent().expect("a target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev".to_string(),
-            Some(other) => other.to_string(),
-            None => panic!("no profile directory in {}", exe.display()),
-        };
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(&cargo)
-            .args(["build", "-p", "bluerdma-sim", "--bin", "bluerdma-sim"])
-            .args(["--profile", &profile])
-            .arg("--target-dir")
-            .arg(target_dir)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run `{cargo} build`: {e}"));
-        assert!(
-            out.status.success(),
-            "building bluerdma-sim failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        profile_dir.join("bluerdma-sim")
+        cargo_build(&["-p", "bluerdma-sim", "--bin", "bluerdma-sim"]).join("bluerdma-sim")
     })
 }
 
@@ -194,81 +203,57 @@ pub fn exercise(a: &Context, b: &Context, (sa, sb): (&Side, &Side), seed: u32) {
     let dst = sb.pd.alloc_mr(len_max, ALL).unwrap();
     let sink = sa.pd.alloc_mr(len_max, ALL).unwrap();
     for (k, len) in SIZES.into_iter().enumerate() {
-        let k = k as u64;
-        fill_pattern(src.bytes_mut().unwrap(), seed + k as u32, 0);
-        // SAFETY: the MRs outlive the completion waited for.
-        unsafe {
-            sa.qp
-                .post_send(&[wr(k, SendOp::Write, &src, 0, len, &dst, 0)])
+        for (n, op) in [SendOp::Write, SendOp::Read, SendOp::Send]
+            .into_iter()
+            .enumerate()
+        {
+            let id = 10 * n as u64 + k as u64;
+            let what = format!("{op:?} {len} B");
+            fill_pattern(src.bytes_mut().unwrap(), seed + id as u32, 0);
+            let mut w = match op {
+                SendOp::Read => wr(id, op, &sink, 0, len, &dst, 0),
+                _ => wr(id, op, &src, 0, len, &dst, 0),
+            };
+            if op == SendOp::Send {
+                w.raddr = bluerdma_core::addr::VirtAddr(0);
+                let recv = RecvWr {
+                    wr_id: 100 + id,
+                    addr: bluerdma_core::addr::VirtAddr(dst.addr()),
+                    len: len_max as u32,
+                    lkey: dst.key(),
+                };
+                // SAFETY: the MR outlives the completion waited for.
+                unsafe { sb.qp.post_recv(&[recv]) }.unwrap();
+            }
+            // SAFETY: the MRs outlive the completion waited for.
+            unsafe { sa.qp.post_send(&[w]) }.unwrap();
+            let done = one(&sa.cq, &what);
+            let dump = || format!("{what}\n{}\n{}", a.dump(), b.dump());
+            assert_eq!(
+                (done.wr_id, done.status),
+                (id, WcStatus::Success),
+                "{}",
+                dump()
+            );
+            if op == SendOp::Send {
+                let r = one(&sb.cq, "RECV");
+                assert_eq!(
+                    (r.wr_id, r.status, r.opcode, r.byte_len),
+                    (100 + id, WcStatus::Success, WcOpcode::Recv, len as u32),
+                    "{}",
+                    dump()
+                );
+            }
+            let (got, want) = match op {
+                SendOp::Read => (&sink, &dst),
+                _ => (&dst, &src),
+            };
+            assert_bytes_eq(
+                &what,
+                &got.bytes().unwrap()[..len],
+                &want.bytes().unwrap()[..len],
+            );
         }
-        .unwrap();
-        let w = one(&sa.cq, "WRITE");
-        assert_eq!(
-            (w.wr_id, w.status),
-            (k, WcStatus::Success),
-            "WRITE {len} B\n{}\n{}",
-            a.dump(),
-            b.dump()
-        );
-        assert_bytes_eq(
-            &format!("WRITE {len} B"),
-            &dst.bytes().unwrap()[..len],
-            &src.bytes().unwrap()[..len],
-        );
-
-        // SAFETY: as above.
-        unsafe {
-            sa.qp
-                .post_send(&[wr(10 + k, SendOp::Read, &sink, 0, len, &dst, 0)])
-        }
-        .unwrap();
-        let r = one(&sa.cq, "READ");
-        assert_eq!(
-            (r.wr_id, r.status, r.opcode),
-            (10 + k, WcStatus::Success, WcOpcode::RdmaRead),
-            "READ {len} B\n{}\n{}",
-            a.dump(),
-            b.dump()
-        );
-        assert_bytes_eq(
-            &format!("READ {len} B"),
-            &sink.bytes().unwrap()[..len],
-            &dst.bytes().unwrap()[..len],
-        );
-
-        fill_pattern(src.bytes_mut().unwrap(), seed + 100 + k as u32, 0);
-        let recv = RecvWr {
-            wr_id: 20 + k,
-            addr: bluerdma_core::addr::VirtAddr(dst.addr()),
-            len: len_max as u32,
-            lkey: dst.key(),
-        };
-        // SAFETY: the MR outlives the completion.
-        unsafe { sb.qp.post_recv(&[recv]) }.unwrap();
-        let mut send = wr(30 + k, SendOp::Send, &src, 0, len, &dst, 0);
-        send.raddr = bluerdma_core::addr::VirtAddr(0);
-        // SAFETY: as above.
-        unsafe { sa.qp.post_send(&[send]) }.unwrap();
-        let s = one(&sa.cq, "SEND");
-        let r = one(&sb.cq, "RECV");
-        assert_eq!(
-            (s.status, r.status, r.opcode, r.byte_len, r.wr_id),
-            (
-                WcStatus::Success,
-                WcStatus::Success,
-                WcOpcode::Recv,
-                len as u32,
-                20 + k
-            ),
-            "SEND {len} B\n{}\n{}",
-            a.dump(),
-            b.dump()
-        );
-        assert_bytes_eq(
-            &format!("SEND {len} B"),
-            &dst.bytes().unwrap()[..len],
-            &src.bytes().unwrap()[..len],
-        );
     }
 }
 
@@ -299,7 +284,7 @@ fn pool(name: &str) -> u64 {
 /// At least `pages` free 2 MiB hugepages for the test (root only): the pool grows if it
 /// must, and shrinks back by as much when the last guard of this process is dropped.
 pub struct Hugepages {
-    added: u64,
+    _guard: (),
 }
 
 /// Guards alive in this process and what they added.
@@ -309,21 +294,34 @@ impl Hugepages {
     /// Reserves; panics with the reason if the kernel cannot give them.
     pub fn reserve(pages: u64) -> Hugepages {
         let mut g = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
-        let free = pool("free_hugepages");
-        let added = pages.saturating_sub(free);
-        if added > 0 {
-            let nr = pool("nr_hugepages");
-            std::fs::write(format!("{POOL}/nr_hugepages"), (nr + added).to_string())
-                .unwrap_or_else(|e| panic!("cannot grow the hugepage pool: {e}"));
-            let got = pool("free_hugepages");
-            assert!(
-                got >= pages,
-                "only {got} of {pages} 2 MiB hugepages could be reserved"
-            );
+        let before = pool("nr_hugepages");
+        grow_pool(pages);
+        let added = pool("nr_hugepages").saturating_sub(before);
+        let got = pool("free_hugepages");
+        if got < pages {
+            let _ = std::fs::write(format!("{POOL}/nr_hugepages"), before.to_string());
+            panic!("only {got} of {pages} 2 MiB hugepages could be reserved");
         }
         g.0 += 1;
         g.1 += added;
-        Hugepages { added }
+        Hugepages { _guard: () }
+    }
+}
+
+/// Grows the pool until `pages` are free, compacting memory between tries (a machine
+/// whose memory is page cache has few free 2 MiB blocks until it compacts).
+fn grow_pool(pages: u64) {
+    for _ in 0..3 {
+        let free = pool("free_hugepages");
+        if free >= pages {
+            return;
+        }
+        let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
+        let nr = pool("nr_hugepages");
+        let _ = std::fs::write(
+            format!("{POOL}/nr_hugepages"),
+            (nr + pages - free).to_string(),
+        );
     }
 }
 
@@ -331,7 +329,6 @@ impl Drop for Hugepages {
     fn drop(&mut self) {
         let mut g = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
         g.0 -= 1;
-        let _ = self.added;
         if g.0 == 0 && g.1 > 0 {
             let nr = pool("nr_hugepages");
             let _ = std::fs::write(

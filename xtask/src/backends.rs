@@ -58,16 +58,25 @@ fn pool(name: &str) -> u64 {
 impl Hugepages {
     /// At least `pages` free hugepages (root only).
     pub(crate) fn reserve(pages: u64) -> Result<Hugepages, String> {
-        let added = pages.saturating_sub(pool("free_hugepages"));
-        if added > 0 {
+        let before = pool("nr_hugepages");
+        // Memory that is all page cache has few free 2 MiB blocks until it is compacted.
+        for _ in 0..3 {
+            let free = pool("free_hugepages");
+            if free >= pages {
+                break;
+            }
+            let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
+            let nr = pool("nr_hugepages");
             std::fs::write(
                 format!("{POOL}/nr_hugepages"),
-                (pool("nr_hugepages") + added).to_string(),
+                (nr + pages - free).to_string(),
             )
-            .map_err(|e| format!("cannot grow the hugepage pool by {added}: {e}"))?;
+            .map_err(|e| format!("cannot grow the hugepage pool: {e}"))?;
         }
+        let added = pool("nr_hugepages").saturating_sub(before);
         let free = pool("free_hugepages");
         if free < pages {
+            let _ = std::fs::write(format!("{POOL}/nr_hugepages"), before.to_string());
             return Err(format!(
                 "only {free} of {pages} 2 MiB hugepages are free (memory is fragmented?)"
             ));

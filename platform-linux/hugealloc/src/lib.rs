@@ -244,7 +244,7 @@ fn huge_free(p: *mut c_void) {
 
 /// A page-aligned request: hugepages if there are, else glibc's.
 fn aligned(align: usize, size: usize) -> *mut c_void {
-    if align >= 4096 && align <= HUGEPAGE && size >= 4096 {
+    if (4096..=HUGEPAGE).contains(&align) && size >= 4096 {
         let p = huge(size);
         if !p.is_null() {
             return p;

@@ -5,11 +5,7 @@
 use bluerdma_core::engine::VerbsError;
 
 use crate::backend::BufferKind;
-
-/// 2 MiB.
-const HUGEPAGE: usize = 2 << 20;
-/// log2 of the hugepage size, in the position `MAP_HUGE_*` flags take.
-const MAP_HUGE_2MB: i32 = 21 << libc::MAP_HUGE_SHIFT;
+use crate::dma::{map_hugetlb, Mapping, HUGEPAGE};
 
 /// Zeroed memory owned by an MR.
 pub(super) enum OwnedBuf {
@@ -18,8 +14,8 @@ pub(super) enum OwnedBuf {
         ptr: *mut u8,
         layout: std::alloc::Layout,
     },
-    /// A private mapping of hugetlb pages.
-    Huge { ptr: *mut u8, len: usize },
+    /// A private mapping of hugetlb pages (unmapped when dropped).
+    Huge(Mapping),
 }
 
 // SAFETY: the buffer is plain bytes owned by this value.
@@ -46,36 +42,14 @@ impl OwnedBuf {
                 let len = len
                     .checked_next_multiple_of(HUGEPAGE)
                     .ok_or_else(too_large)?;
-                // SAFETY: a fresh private anonymous mapping at an address the kernel picks.
-                let ptr = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_PRIVATE
-                            | libc::MAP_ANONYMOUS
-                            | libc::MAP_HUGETLB
-                            | MAP_HUGE_2MB
-                            | libc::MAP_POPULATE,
-                        -1,
-                        0,
-                    )
-                };
-                if ptr == libc::MAP_FAILED {
-                    log::error!(
-                        "alloc_mr: {len} bytes of 2 MiB hugepages: {}; reserve some with \
-                         `echo 16 | sudo tee /proc/sys/vm/nr_hugepages`",
-                        std::io::Error::last_os_error()
-                    );
-                    return Err(VerbsError::OutOfResources {
+                let map = map_hugetlb(len).map_err(|e| {
+                    log::error!("alloc_mr: {len} bytes: {e}");
+                    VerbsError::OutOfResources {
                         what: "2 MiB hugepages (reserve some: \
                                echo 16 | sudo tee /proc/sys/vm/nr_hugepages)",
-                    });
-                }
-                Ok(OwnedBuf::Huge {
-                    ptr: ptr.cast(),
-                    len,
-                })
+                    }
+                })?;
+                Ok(OwnedBuf::Huge(map))
             }
         }
     }
@@ -83,7 +57,8 @@ impl OwnedBuf {
     /// The first byte.
     pub(super) fn ptr(&self) -> *mut u8 {
         match self {
-            OwnedBuf::Heap { ptr, .. } | OwnedBuf::Huge { ptr, .. } => *ptr,
+            OwnedBuf::Heap { ptr, .. } => *ptr,
+            OwnedBuf::Huge(map) => map.ptr().as_ptr(),
         }
     }
 }
@@ -96,13 +71,10 @@ fn too_large() -> VerbsError {
 
 impl Drop for OwnedBuf {
     fn drop(&mut self) {
-        match *self {
+        if let OwnedBuf::Heap { ptr, layout } = *self {
             // SAFETY: allocated in `new` with this layout.
-            OwnedBuf::Heap { ptr, layout } => unsafe { std::alloc::dealloc(ptr, layout) },
-            // SAFETY: the mapping made in `new`; no pointer into it outlives its MR.
-            OwnedBuf::Huge { ptr, len } => unsafe {
-                libc::munmap(ptr.cast(), len);
-            },
+            unsafe { std::alloc::dealloc(ptr, layout) }
         }
+        // A mapping unmaps itself.
     }
 }

@@ -39,22 +39,7 @@ unsafe impl Sync for SharedBar {}
 impl SharedBar {
     /// Maps `file` (at least `len` bytes) shared.
     pub fn map(file: &std::fs::File, len: usize) -> io::Result<Self> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: a fresh shared mapping of an open file at an address the kernel picks.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = NonNull::new(p.cast::<u32>()).ok_or_else(|| io::Error::other("mmap: null"))?;
+        let base = super::map_shared(file, len)?.cast::<u32>();
         Ok(SharedBar { base, len })
     }
 

@@ -23,6 +23,7 @@ pub mod tree;
 use std::fs::OpenOptions;
 use std::io;
 use std::path::PathBuf;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::link::LinkPort;
@@ -30,6 +31,27 @@ use crate::model::regs::RegisterFile;
 use crate::model::{Nic, NicConfig};
 
 pub use tree::FakeTree;
+
+/// Maps `len` bytes of `file` shared with the other processes that map it (the driver).
+/// The caller owns the mapping and unmaps it.
+fn map_shared(file: &std::fs::File, len: usize) -> io::Result<NonNull<u8>> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared mapping of an open file at an address the kernel picks.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap: null"))
+}
 
 /// How to serve a fake card.
 #[derive(Clone, Debug)]
