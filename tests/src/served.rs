@@ -76,20 +76,7 @@ pub struct Served {
 impl Served {
     /// `bluerdma-sim serve` on free CSR and DMA ports, on the UDP link at `ip`.
     pub fn rtl(ip: Ipv4Addr, name: &str) -> Served {
-        let link = format!("udp:{ip}");
-        let mut served = Self::start(&[
-            "serve",
-            "--csr-port",
-            "0",
-            "--dma-port",
-            "0",
-            "--link",
-            &link,
-            "--name",
-            name,
-            "--log",
-            "warn",
-        ]);
+        let mut served = Self::start(&["serve", "--csr-port", "0", "--dma-port", "0"], ip, name);
         let port = |key: &str| -> u16 {
             served
                 .banner
@@ -106,18 +93,8 @@ impl Served {
     /// `bluerdma-sim pci-serve` building its fake card under `root`, on the UDP link at
     /// `ip`.
     pub fn pci(root: &Path, ip: Ipv4Addr, name: &str) -> Served {
-        let link = format!("udp:{ip}");
-        Self::start(&[
-            "pci-serve",
-            "--root",
-            root.to_str().expect("a UTF-8 root"),
-            "--link",
-            &link,
-            "--name",
-            name,
-            "--log",
-            "warn",
-        ])
+        let root = root.to_str().expect("a UTF-8 root");
+        Self::start(&["pci-serve", "--root", root], ip, name)
     }
 
     /// The `bluerdma-sim` device entry backend of this card: `+rtl:CSR/DMA`.
@@ -125,9 +102,12 @@ impl Served {
         format!("+rtl:{}/{}", self.ports.0, self.ports.1)
     }
 
-    fn start(args: &[&str]) -> Served {
+    /// `bluerdma-sim <args>` on the UDP link at `ip`, as card `name`.
+    fn start(args: &[&str], ip: Ipv4Addr, name: &str) -> Served {
+        let link = format!("udp:{ip}");
+        let args = [args, &["--link", &link, "--name", name, "--log", "warn"]].concat();
         let mut child = Command::new(sim_binary())
-            .args(args)
+            .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
