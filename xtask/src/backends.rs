@@ -361,12 +361,13 @@ pub(crate) fn ci_sim_row(root: &Path, backend: Backend) -> crate::Row {
                     .filter(|l| l.starts_with('[') && l.contains(word))
                     .count() as u64
             };
+            // The table row: name, result, time, then the notes.
             let bw = out
                 .lines()
-                .find(|l| l.contains("bandwidth") && l.contains(" ok "))
-                .and_then(|l| l.split("  ").last())
-                .unwrap_or("")
-                .to_string();
+                .find(|l| !l.starts_with('[') && l.contains("bandwidth") && l.contains(" ok "))
+                .and_then(|l| l.split_once("s  "))
+                .map(|(_, notes)| notes.trim().to_string())
+                .unwrap_or_default();
             (count(" ok ("), count(" FAILED ("), bw)
         }
         Err(e) => (0, 1, e),
