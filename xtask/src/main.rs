@@ -240,6 +240,13 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         &logs,
         "cargo test --workspace --no-fail-fast --locked",
     ));
+    rows.push(check(
+        root,
+        &logs,
+        "bluerdma-linux without the emulator",
+        "cargo test -p bluerdma-linux --no-default-features --locked && \
+         ! cargo tree -p bluerdma-linux --no-default-features -e normal | grep bluerdma-sim",
+    ));
     if quick {
         println!("ci: --quick: skipping the loom model and the {RISCV_TARGET} build");
     } else {

@@ -406,7 +406,15 @@ fn device_ips() -> Vec<String> {
     match env::var("BLUERDMA_DEVICES") {
         Ok(v) if !v.trim().is_empty() => v
             .split(',')
-            .map(|d| d.rsplit('=').next().unwrap_or(d).trim().to_string())
+            // `name=ip[@mac][+backend][;options]`: the address alone.
+            .map(|d| {
+                let addr = d.split_once('=').map_or(d, |(_, rest)| rest);
+                addr.split(['@', '+', ';'])
+                    .next()
+                    .unwrap_or(addr)
+                    .trim()
+                    .to_string()
+            })
             .filter(|ip| !ip.is_empty())
             .collect(),
         _ => DEFAULT_IPS.iter().map(|s| s.to_string()).collect(),
