@@ -1,7 +1,11 @@
 //! The verbs half of `cargo xtask sim`: the driver engine end to end on two emulated NICs.
 //!
 //! `cargo run --release -p bluerdma-linux --example sim -- [--port P] [--faults SPEC]
-//! [--seed N] [--soak SECS] [--no-perf]`
+//! [--seed N] [--soak SECS] [--no-perf] [--devices LIST] [--small]`
+//!
+//! `--devices` opens the first two devices of an inline device list (`BLUERDMA_DEVICES`
+//! syntax, e.g. cards served by `bluerdma-sim serve`: `blue0=127.0.0.1+rtl:P/Q,...`)
+//! instead of two emulated NICs; `--small` fits the sizes to the RTL protocol's speed.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -12,7 +16,8 @@ fn parse() -> Result<Options, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "sim (verbs) [--port P] [--faults SPEC] [--seed N] [--soak SECS] [--no-perf]\n\
+            "sim (verbs) [--port P] [--faults SPEC] [--seed N] [--soak SECS] [--no-perf] [--in-memory]\n\
+             [--devices LIST] [--small]\n\
              --seed N is the seed that runs (faults and soak); without it SPEC's seed= is"
         );
         std::process::exit(0);
@@ -56,14 +61,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    println!(
-        "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the UDP link, port {}; faults {}; seed {}",
-        opts.port,
-        opts.faults
-            .map(|f| f.to_string())
-            .unwrap_or_else(|| "none".into()),
-        opts.seed
-    );
+    match &opts.devices {
+        Some(list) => println!(
+            "sim (verbs): devices {list}; sizes {:?}; seed {}",
+            opts.scale, opts.seed
+        ),
+        None => println!(
+            "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the UDP link, port {}; faults {}; seed {}",
+            opts.port,
+            opts.faults
+                .map(|f| f.to_string())
+                .unwrap_or_else(|| "none".into()),
+            opts.seed
+        ),
+    }
     let mut n = 0;
     let rows = match run(&opts, &mut |r: &Row| {
         n += 1;

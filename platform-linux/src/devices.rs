@@ -1,29 +1,42 @@
-//! The list of devices on this host: names, IPv4 addresses and MACs (issue D item 3;
-//! reference-latest.md 5.2 and 5.3 for the reference's blueN/uverbsN naming).
+//! The devices of this host: names, IPv4 addresses, MACs and backends (issue D item 3,
+//! issue I; reference-latest.md 5.2 and 5.3 for the reference's blueN/uverbsN naming),
+//! how they are found ([`discover`]) and opened ([`open`]).
 //!
 //! Several devices can share one host (blue0 and blue1 on distinct IPs), each with its own
 //! out-of-band listener ([`crate::oob`]). The list comes from the environment variable
 //! `BLUERDMA_DEVICES` ([`DEVICES_ENV`]), which holds either
-//! - the path of a file with one device per line, `name ip [mac] [key=PATH]`, where `#`
-//!   starts a comment and blank lines are skipped; `key=` names the device's OOB key file
-//!   ([`crate::oob::OobKey`]; without it the device uses the default key):
+//! - the path of a file with one device per line, `name ip [mac] [+backend][;key=value]...`,
+//!   where `#` starts a comment and blank lines are skipped:
 //!   ```text
-//!   # name  ip          mac (optional)     OOB key file (optional)
-//!   blue0   17.34.51.10 02:bd:bd:00:00:00  key=/etc/bluerdma/oob.key
-//!   blue1   17.34.51.11
+//!   # name  ip          mac (optional)     backend (optional)
+//!   blue0   17.34.51.10 02:bd:bd:00:00:00  +pci:0000:3b:00.0;udmabuf=udmabuf0
+//!   blue1   127.0.0.2                      +rtl:7702/7004
 //!   ```
-//! - or the list inline, `name=ip[@mac]` separated by commas:
-//!   `BLUERDMA_DEVICES="blue0=127.0.0.1,blue1=127.0.0.2"` (its devices use the default OOB
-//!   key, or the file `BLUERDMA_OOB_KEY` names).
+//! - or the list inline, `name=ip[@mac][+backend][;key=value]...` separated by commas:
+//!   `BLUERDMA_DEVICES="blue0=127.0.0.1+rtl,blue1=127.0.0.2"`.
 //!
-//! Unset (or empty), the list is blue0 = 127.0.0.1 and blue1 = 127.0.0.2. A device without
-//! a MAC gets 02:00 followed by its IP's four octets (locally administered, unique per IP).
-//! `uverbsN` names the N-th device of the list, as the reference maps uverbsN to blueN.
-//! Errors name the file and line, or the inline entry, and what is wrong with it.
+//! The option `;key=PATH` names the device's OOB key file ([`crate::oob::OobKey`]); without
+//! it the device uses `BLUERDMA_OOB_KEY` or the default key.
+//!
+//! A device without a backend is the emulated card in this process; `+rtl` is the RTL
+//! simulator's sockets, `+pci` the card ([`spec`] lists the backends and their options).
+//! Unset (or empty), the list is blue0 = 127.0.0.1 and blue1 = 127.0.0.2, both emulated. A
+//! device without a MAC gets 02:00 followed by its IP's four octets (locally administered,
+//! unique per IP). `uverbsN` names the N-th device of the list, as the reference maps
+//! uverbsN to blueN. Errors name the file and line, or the inline entry, and what is wrong
+//! with it.
+
+mod discover;
+mod open;
+pub mod spec;
+
+pub use discover::{discover, namespace_address, Settings, OOB_PORT_ENV, WIRE_PSN_ENV};
+pub use open::open;
+pub use spec::{BackendSpec, DeviceOptions, OobBind};
 
 use std::fmt;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use bluerdma_core::desc::MacAddr;
 
@@ -46,8 +59,10 @@ pub struct DeviceEntry {
     pub ip: Ipv4Addr,
     /// The device's MAC.
     pub mac: MacAddr,
-    /// The device's OOB key file (`key=`); `None`: the default key.
-    pub oob_key: Option<PathBuf>,
+    /// Its backend.
+    pub backend: BackendSpec,
+    /// Its options.
+    pub options: DeviceOptions,
 }
 
 impl DeviceEntry {
@@ -58,7 +73,8 @@ impl DeviceEntry {
             name: name.into(),
             ip,
             mac: MacAddr::new([0x02, 0x00, o[0], o[1], o[2], o[3]]),
-            oob_key: None,
+            backend: BackendSpec::Emulated,
+            options: DeviceOptions::default(),
         }
     }
 
@@ -66,7 +82,7 @@ impl DeviceEntry {
     pub fn spec(&self) -> DeviceSpec {
         let mut spec = DeviceSpec::new(&self.name, self.ip);
         spec.mac = self.mac;
-        spec.oob_key = self.oob_key.clone();
+        spec.oob_key = self.options.oob_key.clone();
         spec
     }
 }
@@ -168,31 +184,31 @@ impl DeviceList {
                 line: Some(index + 1),
                 message,
             };
-            let mut fields: Vec<&str> = line.split_whitespace().collect();
-            let key = match fields.last().and_then(|f| f.strip_prefix("key=")) {
-                Some("") => return Err(fail("`key=` needs the path of a key file".into())),
-                Some(path) => {
-                    fields.pop();
-                    Some(PathBuf::from(path))
-                }
-                None => None,
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // After name and IP: an optional MAC, then the backend and options (which start
+            // with `+` or `;`).
+            let is_backend = |f: &&str| f.starts_with('+') || f.starts_with(';');
+            let (mac, rest) = match fields.get(2) {
+                Some(f) if !is_backend(f) => (Some(*f), &fields[3..]),
+                _ => (None, fields.get(2..).unwrap_or(&[])),
             };
-            let mut entry = match fields.as_slice() {
-                [name, ip] => parse_entry(name, ip, None),
-                [name, ip, mac] => parse_entry(name, ip, Some(mac)),
+            let entry = match fields.as_slice() {
+                [name, ip, ..] if rest.iter().all(is_backend) => {
+                    parse_entry(name, ip, mac, &rest.concat())
+                }
                 _ => Err(format!(
-                    "`{line}`: expected `name ip [mac] [key=PATH]`, found {} fields",
-                    fields.len() + usize::from(key.is_some())
+                    "`{line}`: expected `name ip [mac] [+backend][;key=value]`, found {} \
+                     fields",
+                    fields.len()
                 )),
             }
             .map_err(fail)?;
-            entry.oob_key = key;
             list.add(entry).map_err(fail)?;
         }
         list.non_empty(source)
     }
 
-    /// Parses an inline list, `name=ip[@mac]` separated by commas.
+    /// Parses an inline list, `name=ip[@mac][+backend][;key=value]...` separated by commas.
     pub fn parse_inline(text: &str) -> Result<Self, DeviceListError> {
         let mut list = DeviceList { entries: vec![] };
         for (index, item) in text.split(',').enumerate() {
@@ -203,11 +219,20 @@ impl DeviceList {
                 message,
             };
             let entry = match item.split_once('=') {
-                Some((name, rest)) => match rest.split_once('@') {
-                    Some((ip, mac)) => parse_entry(name.trim(), ip.trim(), Some(mac.trim())),
-                    None => parse_entry(name.trim(), rest.trim(), None),
-                },
-                None => Err(format!("`{item}`: expected `name=ip` or `name=ip@mac`")),
+                Some((name, rest)) => {
+                    // `ip[@mac]` ends at the backend (`+`) or the first option (`;`).
+                    let end = rest.find(['+', ';']).unwrap_or(rest.len());
+                    let (addr, backend) = rest.split_at(end);
+                    match addr.split_once('@') {
+                        Some((ip, mac)) => {
+                            parse_entry(name.trim(), ip.trim(), Some(mac.trim()), backend)
+                        }
+                        None => parse_entry(name.trim(), addr.trim(), None, backend),
+                    }
+                }
+                None => Err(format!(
+                    "`{item}`: expected `name=ip[@mac][+backend][;key=value]`"
+                )),
             }
             .map_err(fail)?;
             list.add(entry).map_err(fail)?;
@@ -263,8 +288,14 @@ impl DeviceList {
     }
 }
 
-/// One device from its fields; the error says which field is wrong.
-fn parse_entry(name: &str, ip: &str, mac: Option<&str>) -> Result<DeviceEntry, String> {
+/// One device from its fields (`backend` is `+kind[:arg][;key=value]...`, or empty); the
+/// error says which field is wrong.
+fn parse_entry(
+    name: &str,
+    ip: &str,
+    mac: Option<&str>,
+    backend: &str,
+) -> Result<DeviceEntry, String> {
     let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
     if name.is_empty() || name.len() > MAX_NAME_LEN || !name.chars().all(name_char) {
         return Err(format!(
@@ -291,6 +322,20 @@ fn parse_entry(name: &str, ip: &str, mac: Option<&str>) -> Result<DeviceEntry, S
         entry.mac = parse_mac(mac)
             .ok_or_else(|| format!("device `{name}`: `{mac}` is not a MAC (xx:xx:xx:xx:xx:xx)"))?;
     }
+    let mut parts = backend.split(';');
+    let kind = parts.next().unwrap_or("").trim();
+    let kind = match kind.strip_prefix('+') {
+        Some(k) => Some(k),
+        None if kind.is_empty() => None,
+        None => {
+            return Err(format!(
+                "device `{name}`: `{kind}` is not a backend (`+rtl`, `+pci`)"
+            ))
+        }
+    };
+    let options: Vec<&str> = parts.collect();
+    (entry.backend, entry.options) =
+        spec::parse_backend(kind, &options).map_err(|e| format!("device `{name}`: {e}"))?;
     Ok(entry)
 }
 
@@ -311,6 +356,7 @@ fn parse_mac(text: &str) -> Option<MacAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn default_is_blue0_and_blue1_on_loopback_with_uverbs_aliases() {
@@ -369,7 +415,7 @@ mod tests {
         assert_eq!(err.line, Some(2));
         assert!(err.message.contains("listed twice"), "{err}");
         let err = DeviceList::parse_inline("blue0").unwrap_err();
-        assert!(err.message.contains("expected `name=ip`"), "{err}");
+        assert!(err.message.contains("expected `name=ip[@mac]"), "{err}");
         let err = DeviceList::from_setting(Some("/no/such/devices.conf")).unwrap_err();
         assert!(err.message.contains("neither a readable file"), "{err}");
     }
@@ -404,9 +450,9 @@ mod tests {
         let err = DeviceList::parse_file("blue0 0.0.0.0\n", "d.conf").unwrap_err();
         assert!(err.message.contains("cannot be a device address"), "{err}");
         let with_key =
-            "blue0 10.0.0.1 key=/etc/bluerdma/oob.key\nblue1 10.0.0.2 02:bd:bd:00:00:01 key=k\n";
+            "blue0 10.0.0.1 ;key=/etc/bluerdma/oob.key\nblue1 10.0.0.2 02:bd:bd:00:00:01 ;key=k\n";
         let list = DeviceList::parse_file(with_key, "d.conf").unwrap();
-        let key = |name| list.get(name).unwrap().oob_key.clone();
+        let key = |name| list.get(name).unwrap().options.oob_key.clone();
         assert_eq!(key("blue0"), Some(PathBuf::from("/etc/bluerdma/oob.key")));
         assert_eq!(key("blue1"), Some(PathBuf::from("k")));
         assert_eq!(list.get("blue1").unwrap().spec().oob_key, key("blue1"));
@@ -414,10 +460,15 @@ mod tests {
             list.get("blue1").unwrap().mac,
             MacAddr::new([2, 0xbd, 0xbd, 0, 0, 1])
         );
-        let err = DeviceList::parse_file("blue0 10.0.0.1 key=\n", "d.conf").unwrap_err();
+        let err = DeviceList::parse_file("blue0 10.0.0.1 ;key=\n", "d.conf").unwrap_err();
         assert!(err.message.contains("needs the path"), "{err}");
+        let inline = DeviceList::parse_inline("blue0=127.0.0.1;key=/k").unwrap();
+        assert_eq!(
+            inline.get("blue0").unwrap().options.oob_key,
+            Some("/k".into())
+        );
         let err =
-            DeviceList::parse_file("blue0 10.0.0.1 +1:bd:bd:00:00:00\n", "d.conf").unwrap_err();
+            DeviceList::parse_file("blue0 10.0.0.1 bd:+f:bd:00:00:00\n", "d.conf").unwrap_err();
         assert!(
             err.message.contains("is not a MAC"),
             "a signed octet: {err}"
@@ -461,5 +512,75 @@ mod tests {
         let err = DeviceList::from_setting(path.to_str()).unwrap_err();
         assert_eq!(err.source, path.display().to_string());
         assert_eq!(err.line, Some(1));
+    }
+
+    #[test]
+    fn entries_name_their_backend_inline_and_in_files() {
+        let list = DeviceList::parse_inline(
+            "blue0=127.0.0.1+rtl, blue1=127.0.0.2+rtl:7702/7004;sim=cocotb, \
+             blue2=17.34.51.10@02:bd:bd:00:00:02+pci:0000:3b:00.0;udmabuf=udmabuf0;oob=10.0.0.1, \
+             blue3=127.0.0.4+pci;root=/tmp/fake card, blue4=127.0.0.5;command_timeout=3",
+        )
+        .unwrap();
+        let kinds: Vec<String> = list
+            .entries()
+            .iter()
+            .map(|e| e.backend.kind().to_string())
+            .collect();
+        assert_eq!(kinds, ["rtl", "rtl", "pci", "pci", "emulated"]);
+        let e = &list.entries()[2];
+        assert_eq!(e.mac, MacAddr::new([2, 0xbd, 0xbd, 0, 0, 2]));
+        assert_eq!(e.options.oob.unwrap().ip, Ipv4Addr::new(10, 0, 0, 1));
+        let BackendSpec::Pci(p) = &e.backend else {
+            panic!("not pci")
+        };
+        assert_eq!(p.udmabuf.as_deref(), Some("udmabuf0"));
+        let BackendSpec::Pci(p) = &list.entries()[3].backend else {
+            panic!("not pci")
+        };
+        assert_eq!(p.root.as_deref(), Some(Path::new("/tmp/fake card")));
+        assert_eq!(
+            list.entries()[4].options.command_timeout,
+            Some(std::time::Duration::from_secs(3))
+        );
+
+        let text = "blue0 127.0.0.1 +rtl:7701/7003\n\
+                    blue1 127.0.0.2 02:00:00:00:00:09 +pci ;root=/tmp/x ;hugepages=2\n\
+                    blue2 127.0.0.3\n";
+        let list = DeviceList::parse_file(text, "d.conf").unwrap();
+        assert_eq!(list.entries()[0].backend.kind(), crate::BackendKind::Rtl);
+        let BackendSpec::Pci(p) = &list.entries()[1].backend else {
+            panic!("not pci")
+        };
+        assert_eq!(p.hugepages, Some(2));
+        assert_eq!(list.entries()[2].backend, BackendSpec::Emulated);
+    }
+
+    #[test]
+    fn backend_errors_name_the_entry_and_the_problem() {
+        let err = DeviceList::parse_inline("blue0=127.0.0.1,blue1=127.0.0.2+rtl:7702").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "BLUERDMA_DEVICES entry 2: device `blue1`: `+rtl:7702`: expected \
+             `+rtl:CSR_PORT/DMA_PORT` (e.g. 7701/7003)"
+        );
+        let err = DeviceList::parse_inline("blue0=127.0.0.1+gpu").unwrap_err();
+        assert!(err
+            .to_string()
+            .contains("entry 1: device `blue0`: `+gpu` is not a backend"));
+        let err = DeviceList::parse_inline("blue0=127.0.0.1;udmabuf=u").unwrap_err();
+        assert!(
+            err.message.contains("for +pci devices, not emulated ones"),
+            "{err}"
+        );
+        let err =
+            DeviceList::parse_file("blue0 127.0.0.1 +pci;sim=cocotb\n", "d.conf").unwrap_err();
+        assert_eq!(err.line, Some(1));
+        assert!(
+            err.message.contains("option `sim` is for +rtl devices"),
+            "{err}"
+        );
+        let err = DeviceList::parse_file("blue0 127.0.0.1 pci\n", "d.conf").unwrap_err();
+        assert!(err.message.contains("is not a MAC"), "{err}");
     }
 }

@@ -5,8 +5,11 @@
 //! RLIMIT_MEMLOCK for pinning), page-map visibility, the 2 MiB hugepage pool,
 //! `vm.compact_unevictable_allowed` (issue E item 5), u-dma-buf, the PCI device, its
 //! BAR0 (enabled, mappable, answering), bus mastering, and the IOMMU (device addresses
-//! are physical addresses only without translation). Every path comes from a
-//! [`SystemPaths`], so the checks run against fake trees in tests.
+//! are physical addresses only without translation). When all of those pass, a last check
+//! opens the card as the driver does ([`crate::backend::pci::open_with`]: it enables the
+//! device and its bus mastering, maps BAR0 and the DMA memory) and reports the same errno
+//! and message a verb would get. Every path comes from a [`SystemPaths`], so the checks
+//! run against fake trees in tests.
 
 use std::fmt::{self, Write as _};
 
@@ -453,6 +456,35 @@ fn check_iommu(dev: &PciDevice) -> Check {
     )
 }
 
+fn check_open(cfg: &DoctorConfig, udmabuf_ok: bool) -> Check {
+    const NAME: &str = "open";
+    let card = crate::card::CardConfig {
+        paths: cfg.paths.clone(),
+        selector: cfg.selector,
+        dma: if udmabuf_ok {
+            crate::card::DmaSource::Udmabuf(UdmaBufConfig {
+                name: cfg.udmabuf.clone(),
+                sync: true,
+            })
+        } else {
+            crate::card::DmaSource::Auto
+        },
+        compaction: crate::umem::CompactionPolicy::Refuse,
+    };
+    match crate::backend::pci::open_with("the card", &card) {
+        Ok(_) => Check::ok(
+            NAME,
+            "the driver opens the card: enabled, bus master, BAR0 answers, DMA memory mapped",
+        ),
+        Err(e) => Check::bad(
+            NAME,
+            Status::Fail,
+            format!("opening it fails with {}: {}", e.errno_name(), e.message),
+            "as the message says".into(),
+        ),
+    }
+}
+
 /// Runs every check.
 pub fn run(cfg: &DoctorConfig) -> Vec<Check> {
     let mut checks = vec![
@@ -476,6 +508,12 @@ pub fn run(cfg: &DoctorConfig) -> Vec<Check> {
                 checks.push(Check::skip(name, "no PCI device"));
             }
         }
+    }
+    if failed(&checks) {
+        checks.push(Check::skip("open", "fix the failures above first"));
+    } else {
+        let udmabuf_ok = checks[4].status == Status::Ok;
+        checks.push(check_open(cfg, udmabuf_ok));
     }
     checks
 }

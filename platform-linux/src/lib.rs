@@ -10,12 +10,16 @@
 //! Send/Recv (issue D): [`oob`] is the out-of-band TCP channel that carries receive WRs
 //! between drivers; [`devices`] is the list of devices (names, IPs, MACs) on this host.
 //!
-//! The verbs API runs today over the emulated card of `bluerdma-sim`, in this process;
-//! [`card::open_card`] gives the parts the engine needs for the real card.
+//! One [`Context`] type runs on every backend ([`backend`]): the PCI card
+//! ([`card::open_card`]), the RTL simulator's sockets (feature `rtl`) and the emulated card
+//! of `bluerdma-sim` in this process (feature `emulator`, the default device). The device
+//! list names each device's backend ([`devices`]). Without default features the crate
+//! builds without `bluerdma-sim`: the card is the only backend.
 #![deny(missing_docs)]
 
 pub use bluerdma_core as core;
 
+pub mod backend;
 pub mod bar;
 pub mod card;
 pub mod debug;
@@ -26,10 +30,13 @@ pub mod oob;
 pub mod oob_hub;
 pub mod paths;
 pub mod pci;
+#[cfg(feature = "emulator")]
 pub mod perf;
+#[cfg(feature = "emulator")]
 pub mod scenarios;
 pub mod storage;
 pub mod umem;
 pub mod verbs;
 
+pub use backend::{BackendKind, OpenError};
 pub use verbs::{Context, Cq, DeviceSpec, Endpoint, Error, Mr, Pd, Qp};

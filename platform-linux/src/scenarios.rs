@@ -1,7 +1,10 @@
-//! The verbs scenarios of `cargo xtask sim`: the driver engine end to end on two emulated
-//! NICs (blue0 = 127.0.0.1, blue1 = 127.0.0.2) on the UDP link, optionally with seeded link
-//! faults, plus throughput and latency next to TCP, and a soak of random operations on 64
-//! QPs with every byte verified.
+//! The verbs scenarios of `cargo xtask sim`: the driver engine end to end on two devices,
+//! by default two emulated NICs (blue0 = 127.0.0.1, blue1 = 127.0.0.2) on the UDP link,
+//! optionally with seeded link faults, plus throughput and latency next to TCP, and a soak
+//! of random operations on 64 QPs with every byte verified. With [`Options::devices`] the
+//! two devices come from a device list instead (`cargo xtask sim --backend rtl|pci`: cards
+//! served by `bluerdma-sim serve` or `pci-serve`), and [`Scale::Small`] fits the sizes to
+//! the RTL protocol's speed.
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -34,6 +37,40 @@ pub struct Options {
     pub in_memory: bool,
     /// Run the fixed scenarios (off: only the soak and the measurements).
     pub scenarios: bool,
+    /// Open the first two devices of this inline device list (`BLUERDMA_DEVICES` syntax)
+    /// instead of two emulated NICs.
+    pub devices: Option<String>,
+    /// How much data the scenarios and measurements move.
+    pub scale: Scale,
+}
+
+/// How much data the scenarios move.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scale {
+    /// Up to 16 MiB per WRITE, 64 QPs at once, 1 MiB bandwidth writes.
+    #[default]
+    Full,
+    /// Up to 1 MiB per request, 8 QPs, 64 KiB bandwidth writes: for backends whose DMA
+    /// moves a few MB/s (the RTL simulator's sockets).
+    Small,
+}
+
+impl Scale {
+    /// The largest WRITE, SEND and READ, in bytes.
+    fn max_request(self) -> u32 {
+        match self {
+            Scale::Full => 16 << 20,
+            Scale::Small => 1 << 20,
+        }
+    }
+
+    /// QPs of the many-QP scenario.
+    fn qps(self) -> usize {
+        match self {
+            Scale::Full => 64,
+            Scale::Small => 8,
+        }
+    }
 }
 
 /// The soak's seed when neither `--seed` nor the fault specification names one.
@@ -41,7 +78,8 @@ pub const DEFAULT_SEED: u64 = 1;
 
 impl Options {
     /// The options of `cargo run -p bluerdma-linux --example sim -- [--port P] [--faults SPEC]
-    /// [--seed N] [--soak SECS] [--no-perf] [--in-memory]`; `env_faults` is the value of
+    /// [--seed N] [--soak SECS] [--no-perf] [--in-memory] [--devices LIST] [--small]`;
+    /// `env_faults` is the value of
     /// `BLUERDMA_LINK_FAULTS` (a `--faults` wins over it).
     ///
     /// The seed a user names is the seed that runs: `--seed N` is the seed of blue0's fault
@@ -66,6 +104,8 @@ impl Options {
             perf: true,
             in_memory: false,
             scenarios: true,
+            devices: None,
+            scale: Scale::Full,
         };
         let mut seed: Option<u64> = None;
         let mut args = args.into_iter();
@@ -95,6 +135,8 @@ impl Options {
                 }
                 "--no-perf" => o.perf = false,
                 "--in-memory" => o.in_memory = true,
+                "--devices" => o.devices = Some(value("--devices")?),
+                "--small" => o.scale = Scale::Small,
                 other => return Err(format!("unknown option {other}")),
             }
         }
@@ -141,7 +183,38 @@ fn link(ip: Ipv4Addr, opts: &Options, salt: u64) -> Result<Box<dyn LinkPort>, St
     })
 }
 
+/// The OOB port of a run: 60000 by the spec on the default link port, else one derived
+/// from the link port so that a test run does not need the well-known port.
+fn oob_port(opts: &Options) -> u16 {
+    if opts.port == 4792 {
+        crate::oob::OOB_PORT
+    } else {
+        opts.port.wrapping_add(55_209)
+    }
+}
+
+/// The first two devices of an inline device list, opened on their backends.
+fn listed_pair(text: &str, opts: &Options) -> Result<Pair, String> {
+    let list = crate::devices::DeviceList::parse_inline(text).map_err(|e| e.to_string())?;
+    let mut settings = crate::devices::Settings::from_vars(&|_| None)?;
+    settings.oob_port = oob_port(opts);
+    let open = |i: usize| -> Result<Context, String> {
+        let e = list
+            .entries()
+            .get(i)
+            .ok_or_else(|| format!("the device list `{text}` has fewer than two devices"))?;
+        crate::devices::open(&list, e, e.spec(), &settings).map_err(|e| e.to_string())
+    };
+    Ok(Pair {
+        a: open(0)?,
+        b: open(1)?,
+    })
+}
+
 fn pair(opts: &Options) -> Result<Pair, String> {
+    if let Some(text) = &opts.devices {
+        return listed_pair(text, opts);
+    }
     let (la, lb) = if opts.in_memory {
         let hub = bluerdma_sim::link::MemHub::new();
         let mem = |ip, salt: u64| -> Result<Box<dyn LinkPort>, String> {
@@ -168,11 +241,7 @@ fn pair(opts: &Options) -> Result<Pair, String> {
         let hub = crate::oob_hub::OobHub::new();
         (Box::new(hub.attach(IP0)), Box::new(hub.attach(IP1)))
     } else {
-        let port = if opts.port == 4792 {
-            crate::oob::OOB_PORT
-        } else {
-            opts.port.wrapping_add(55_209)
-        };
+        let port = oob_port(opts);
         let tcp = |ip| {
             let mut cfg = crate::oob::TcpOobConfig::new(ip);
             cfg.port = port;
@@ -259,9 +328,9 @@ fn compare(what: &str, expected: &[u8], actual: &[u8]) -> Result<(), String> {
     }
 }
 
-fn scenario_writes(p: &Pair) -> Result<String, String> {
+fn scenario_writes(p: &Pair, scale: Scale) -> Result<String, String> {
     let c = connect(p, 1, 14, 7)?;
-    let size = 16 << 20;
+    let size = scale.max_request() as usize;
     let mut src = c.pd_a.alloc_mr(size + 64, ALL).map_err(|e| e.to_string())?;
     fill(&mut src, 1);
     let dst = c.pd_b.alloc_mr(size + 64, ALL).map_err(|e| e.to_string())?;
@@ -270,7 +339,7 @@ fn scenario_writes(p: &Pair) -> Result<String, String> {
         (0u64, 1u32, 0u64),
         (1, 4096, 3),
         (0, 65539, 5),
-        (7, 1 << 20, 1),
+        (7, (1 << 20).min(size as u32 - 7), 1),
         (0, size as u32, 0),
     ];
     for (k, &(so, len, doff)) in cases.iter().enumerate() {
@@ -289,10 +358,13 @@ fn scenario_writes(p: &Pair) -> Result<String, String> {
         let d = &dst.bytes().unwrap_or(&[])[doff as usize..doff as usize + len as usize];
         compare(&format!("WRITE {len} B"), s, d)?;
     }
-    Ok("1 B, 4 KiB, 64 KiB + 3, 1 MiB, 16 MiB at unaligned offsets: bytes intact".into())
+    Ok(format!(
+        "1 B, 4 KiB, 64 KiB + 3, 1 MiB, {} MiB at unaligned offsets: bytes intact",
+        size >> 20
+    ))
 }
 
-fn scenario_imm(p: &Pair) -> Result<String, String> {
+fn scenario_imm(p: &Pair, _: Scale) -> Result<String, String> {
     let c = connect(p, 1, 14, 7)?;
     let mut src = c.pd_a.alloc_mr(1 << 20, ALL).map_err(|e| e.to_string())?;
     fill(&mut src, 2);
@@ -342,17 +414,24 @@ fn scenario_imm(p: &Pair) -> Result<String, String> {
     Ok("0 B, 1 B, 4 KiB, 1 MiB: imm, byte_len and wr_id in the receive completion".into())
 }
 
-fn scenario_send(p: &Pair) -> Result<String, String> {
+fn scenario_send(p: &Pair, scale: Scale) -> Result<String, String> {
     let c = connect(p, 1, 14, 7)?;
-    let mut src = c.pd_a.alloc_mr(4 << 20, ALL).map_err(|e| e.to_string())?;
+    let big = scale.max_request().min(4 << 20);
+    let mut src = c
+        .pd_a
+        .alloc_mr(big as usize, ALL)
+        .map_err(|e| e.to_string())?;
     fill(&mut src, 5);
-    let dst = c.pd_b.alloc_mr(4 << 20, ALL).map_err(|e| e.to_string())?;
+    let dst = c
+        .pd_b
+        .alloc_mr(big as usize, ALL)
+        .map_err(|e| e.to_string())?;
     let (qa, qb) = &c.qps[0];
-    for (k, len) in [0u32, 1, 4096, 65_537, 4 << 20].into_iter().enumerate() {
+    for (k, len) in [0u32, 1, 4096, 65_537, big].into_iter().enumerate() {
         let r = RecvWr {
             wr_id: 50 + k as u64,
             addr: VirtAddr(dst.addr()),
-            len: 4 << 20,
+            len: big,
             lkey: dst.key(),
         };
         // SAFETY: the MR outlives the completion.
@@ -381,19 +460,25 @@ fn scenario_send(p: &Pair) -> Result<String, String> {
             &dst.bytes().unwrap_or(&[])[..len as usize],
         )?;
     }
-    Ok(
-        "0 B, 1 B, 4 KiB, 64 KiB + 1, 4 MiB into announced receive buffers: byte_len and bytes"
-            .into(),
-    )
+    Ok(format!(
+        "0 B, 1 B, 4 KiB, 64 KiB + 1, {} MiB into announced receive buffers: byte_len and bytes",
+        big >> 20
+    ))
 }
 
-fn scenario_read(p: &Pair) -> Result<String, String> {
+fn scenario_read(p: &Pair, scale: Scale) -> Result<String, String> {
     let c = connect(p, 1, 14, 7)?;
-    let sink = c.pd_a.alloc_mr(4 << 20, ALL).map_err(|e| e.to_string())?;
-    let mut source = c.pd_b.alloc_mr(4 << 20, ALL).map_err(|e| e.to_string())?;
+    let len = scale.max_request().min(3 << 20) + 17;
+    let sink = c
+        .pd_a
+        .alloc_mr(len as usize + 16, ALL)
+        .map_err(|e| e.to_string())?;
+    let mut source = c
+        .pd_b
+        .alloc_mr(len as usize + 16, ALL)
+        .map_err(|e| e.to_string())?;
     fill(&mut source, 3);
     let (qa, _) = &c.qps[0];
-    let len = (3 << 20) + 17;
     // SAFETY: both MRs outlive the completion.
     unsafe { qa.post_send(&[wr(9, SendOp::Read, &sink, 5, len, &source, 11)]) }
         .map_err(|(_, e)| e.to_string())?;
@@ -409,8 +494,8 @@ fn scenario_read(p: &Pair) -> Result<String, String> {
     Ok(format!("{len} B at unaligned offsets: bytes intact"))
 }
 
-fn scenario_multi_qp(p: &Pair) -> Result<String, String> {
-    let n = 64;
+fn scenario_multi_qp(p: &Pair, scale: Scale) -> Result<String, String> {
+    let n = scale.qps();
     let c = connect(p, n, 14, 7)?;
     let len = 64 * 1024;
     let mut src = c.pd_a.alloc_mr(n * len, ALL).map_err(|e| e.to_string())?;
@@ -455,7 +540,7 @@ fn scenario_multi_qp(p: &Pair) -> Result<String, String> {
     Ok(format!("{n} QP pairs, 64 KiB each at once: bytes intact"))
 }
 
-fn scenario_bad_rkey(p: &Pair) -> Result<String, String> {
+fn scenario_bad_rkey(p: &Pair, _: Scale) -> Result<String, String> {
     let c = connect(p, 1, 10, 2)?;
     let src = c.pd_a.alloc_mr(4096, ALL).map_err(|e| e.to_string())?;
     let dst = c.pd_b.alloc_mr(4096, ALL).map_err(|e| e.to_string())?;
@@ -473,7 +558,8 @@ fn scenario_bad_rkey(p: &Pair) -> Result<String, String> {
         return Err("bytes were written through a bad rkey".into());
     }
     Ok(format!(
-        "RETRY_EXC_ERR after {:.0} ms (timeout 4.2 ms x 3 tries), nothing written",
+        "RETRY_EXC_ERR after {:.0} ms (3 tries of timeout 10 = 4.2 ms, or the backend's \
+         floor), nothing written",
         start.elapsed().as_secs_f64() * 1e3
     ))
 }
@@ -603,7 +689,7 @@ fn soak(p: &Pair, time: Duration, seed: u64) -> Result<String, String> {
     ))
 }
 
-fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
+fn perf_rows(p: &Pair, scale: Scale, rows: &mut Vec<Row>) {
     let c = match connect(p, 1, 16, 7) {
         Ok(c) => c,
         Err(e) => {
@@ -627,11 +713,16 @@ fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
         cq: c.cq_b,
         qp: qb,
     };
+    // Small: a few MB/s through the RTL protocol's DMA socket, so fewer and smaller.
+    let (bw_len, depth, secs, iters) = match scale {
+        Scale::Full => (1u32 << 20, 8, 1.0, 1_000),
+        Scale::Small => (64 << 10, 4, 2.0, 100),
+    };
     let t = Instant::now();
-    let bw = perf::write_bw(&a, &b, 1 << 20, 8, 1.0);
+    let bw = perf::write_bw(&a, &b, bw_len, depth, secs);
     let tcp = perf::tcp_stream_gbps(1.0);
     rows.push(Row {
-        name: "WRITE 1 MiB bandwidth".into(),
+        name: format!("WRITE {} KiB bandwidth", bw_len >> 10),
         ok: true,
         time: t.elapsed(),
         notes: format!(
@@ -641,7 +732,7 @@ fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
     });
     let t = Instant::now();
     let (sa, sb) = perf::fresh_pair(&p.a, &p.b);
-    let rate = perf::send_rate(&sa, &sb, 64, 1.0);
+    let rate = perf::send_rate(&sa, &sb, 64, secs);
     let tcp = perf::tcp_message_rate(64, 1.0);
     rows.push(Row {
         name: "SEND 64 B message rate".into(),
@@ -656,7 +747,7 @@ fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
     });
     let t = Instant::now();
     let (sa, sb) = perf::fresh_pair(&p.a, &p.b);
-    let lat = perf::send_latency(&sa, &sb, 1_000);
+    let lat = perf::send_latency(&sa, &sb, iters);
     let tcp = perf::tcp_pingpong_us(1_000);
     rows.push(Row {
         name: "8 B SEND latency".into(),
@@ -668,7 +759,7 @@ fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
         ),
     });
     let t = Instant::now();
-    let lat = perf::write_latency(&a, &b, 2_000);
+    let lat = perf::write_latency(&a, &b, 2 * iters);
     let tcp = perf::tcp_pingpong_us(2_000);
     rows.push(Row {
         name: "8 B WRITE latency".into(),
@@ -684,21 +775,26 @@ fn perf_rows(p: &Pair, rows: &mut Vec<Row>) {
 /// Runs every scenario; `progress` is called with each row as it completes.
 pub fn run(opts: &Options, progress: &mut dyn FnMut(&Row)) -> Result<Vec<Row>, String> {
     let p = pair(opts)?;
-    type Scenario = fn(&Pair) -> Result<String, String>;
-    let table: [(&str, Scenario); 6] = [
-        ("verbs WRITE 1 B .. 16 MiB", scenario_writes),
-        ("verbs WRITE_WITH_IMM", scenario_imm),
-        ("verbs SEND/RECV over the OOB channel", scenario_send),
-        ("verbs READ 3 MiB", scenario_read),
-        ("verbs 64 QPs at once", scenario_multi_qp),
-        ("verbs bad rkey -> RETRY_EXC_ERR", scenario_bad_rkey),
+    let scale = opts.scale;
+    type Scenario = fn(&Pair, Scale) -> Result<String, String>;
+    let max = scale.max_request() >> 20;
+    let table: [(String, Scenario); 6] = [
+        (format!("verbs WRITE 1 B .. {max} MiB"), scenario_writes),
+        ("verbs WRITE_WITH_IMM".into(), scenario_imm),
+        ("verbs SEND/RECV over the OOB channel".into(), scenario_send),
+        (format!("verbs READ {} MiB", max.min(3)), scenario_read),
+        (
+            format!("verbs {} QPs at once", scale.qps()),
+            scenario_multi_qp,
+        ),
+        ("verbs bad rkey -> RETRY_EXC_ERR".into(), scenario_bad_rkey),
     ];
     let mut rows = Vec::new();
     for (name, f) in table.into_iter().filter(|_| opts.scenarios) {
         let t = Instant::now();
-        let r = f(&p);
+        let r = f(&p, scale);
         let row = Row {
-            name: name.into(),
+            name,
             ok: r.is_ok(),
             time: t.elapsed(),
             notes: r.unwrap_or_else(|e| e),
@@ -720,7 +816,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&Row)) -> Result<Vec<Row>, S
     }
     if opts.perf && opts.faults.is_none() {
         let before = rows.len();
-        perf_rows(&p, &mut rows);
+        perf_rows(&p, scale, &mut rows);
         for r in &rows[before..] {
             progress(r);
         }

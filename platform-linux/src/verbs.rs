@@ -21,33 +21,23 @@ use std::time::Duration;
 
 use bluerdma_core::addr::{PageSize, VirtAddr};
 use bluerdma_core::desc::{AccessFlags, MacAddr};
-use bluerdma_core::engine::{
-    Device, DeviceConfig, EngineStats, QpAttrs, RecvWr, SendWr, VerbsError, WorkCompletion,
-};
-use bluerdma_core::keys::{MrKey, Qpn};
-use bluerdma_core::platform::{OobTransport, Platform};
-use bluerdma_core::qp::{Gid, QpAttrMask, QpState, QpType, RawQpAttr};
-use bluerdma_core::time::Instant;
-use bluerdma_sim::inproc::{InProcessCard, SimRegs};
-use bluerdma_sim::link::LinkPort;
-use bluerdma_sim::mem::{HostDma, HostMemory};
-use bluerdma_sim::model::NicConfig;
+use bluerdma_core::engine::{Device, DeviceConfig, EngineStats, VerbsError, WorkCompletion};
+use bluerdma_core::keys::MrKey;
+use bluerdma_core::platform::OobTransport;
+use bluerdma_core::qp::QpType;
+use bluerdma_core::time::{Instant, Nanos};
 
+use crate::backend::{Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, OpenError};
 use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
 
-/// The platform of an emulated card in this process.
-pub struct EmulatedPlatform;
+mod buffer;
+mod progress;
+mod qp;
 
-impl Platform for EmulatedPlatform {
-    type Regs = SimRegs;
-    type Dma = HostDma;
-    type Mem = HostMemory;
-    type Oob = DynOob;
-}
+pub use qp::{card_takes_first_psn, Endpoint, Qp};
 
-/// The environment variable naming a directory to capture each opened card's frames in.
-pub const PCAP_ENV: &str = "BLUERDMA_PCAP";
+use buffer::OwnedBuf;
 
 /// A verbs error with the operation that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +103,7 @@ impl DeviceSpec {
     }
 }
 
-type Engine = Device<EmulatedPlatform, HeapStorage>;
+type Engine = Device<DynPlatform, HeapStorage>;
 
 struct Inner {
     dev: Mutex<Engine>,
@@ -122,7 +112,11 @@ struct Inner {
     /// Wakes the progress thread when new work is posted.
     kick: (Mutex<bool>, Condvar),
     spec: DeviceSpec,
-    card: Mutex<Option<InProcessCard>>,
+    /// Which backend the device runs on, and how its owned buffers are made.
+    kind: BackendKind,
+    buffers: BufferKind,
+    /// Keeps the backend alive (dropped after the engine, which is declared first).
+    handle: Mutex<Box<dyn BackendHandle>>,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
     armed: Mutex<Vec<Weak<CqInner>>>,
     /// The consumer of received simple-NIC frames ([`Context::set_raw_handler`]).
@@ -130,53 +124,9 @@ struct Inner {
     /// Whether `raw` is set (read by the progress thread without taking `raw`).
     raw_wanted: AtomicBool,
 }
-
 /// A consumer of received simple-NIC frames: called on the progress thread with each
 /// frame's bytes, without the device lock (it may post, poll or send raw frames).
 pub type RawHandler = Box<dyn FnMut(&[u8]) + Send>;
-
-/// Frames taken from the engine under its lock, handed to the raw handler after it.
-#[derive(Default)]
-struct RawBatch {
-    bytes: Vec<u8>,
-    ends: Vec<usize>,
-}
-
-impl RawBatch {
-    /// Copies the frames the engine holds (when a handler wants them); returns how many.
-    fn take(&mut self, inner: &Inner, dev: &mut Engine) -> usize {
-        self.bytes.clear();
-        self.ends.clear();
-        if !inner.raw_wanted.load(Ordering::Acquire) {
-            return 0;
-        }
-        dev.take_raw_frames(&mut |f| {
-            self.bytes.extend_from_slice(f);
-            self.ends.push(self.bytes.len());
-        })
-    }
-
-    /// Runs the handler on every frame taken, once: the batch is empty afterwards (a round
-    /// that could not take the engine lock must not hand the last batch over again; it did,
-    /// and a UD receiver got a datagram twice).
-    fn deliver(&mut self, inner: &Inner) {
-        if self.ends.is_empty() {
-            return;
-        }
-        {
-            let mut h = inner.raw.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(h) = h.as_mut() {
-                let mut start = 0;
-                for &end in &self.ends {
-                    h(&self.bytes[start..end]);
-                    start = end;
-                }
-            }
-        }
-        self.bytes.clear();
-        self.ends.clear();
-    }
-}
 
 impl Inner {
     fn now(&self) -> Instant {
@@ -207,112 +157,46 @@ pub struct Context {
 }
 
 impl Context {
-    /// Starts an emulated card on `link` and opens the driver on it, with no out-of-band
-    /// channel (SEND is refused; see [`Context::open_emulated_with_oob`]).
-    pub fn open_emulated(spec: DeviceSpec, link: Box<dyn LinkPort>) -> Result<Context, Error> {
-        Self::open_emulated_with_oob(spec, link, None)
-    }
-
-    /// The default device: an emulated card on the UDP link at `spec.ip` (port 4791) and the
-    /// out-of-band channel over TCP at `spec.ip`, port `oob_port` (60000 by the spec), so
-    /// SEND/RECV work between processes and hosts. With `BLUERDMA_PCAP=<dir>` set, the
-    /// card's frames, both directions, are captured to `<dir>/<name>.pcap` (read it with
-    /// `tshark -d udp.port==4791,infiniband`).
-    pub fn open(spec: DeviceSpec, oob_port: u16) -> Result<Context, Error> {
-        let fail = |what: &'static str| Error {
-            op: "open",
-            kind: VerbsError::Unsupported { what },
-        };
-        // A device configured on a non-loopback address (a node's own address in a network
-        // namespace, or a host's) reaches its peers over that network.
-        let link_cfg = bluerdma_sim::link::UdpLinkConfig {
-            network: !spec.ip.is_loopback(),
-            ..bluerdma_sim::link::UdpLinkConfig::new(spec.ip)
-        };
-        let link = bluerdma_sim::link::UdpLink::bind(link_cfg).map_err(|e| {
-            log::error!("open {}: UDP link on {}:4791: {e}", spec.name, spec.ip);
-            fail("the UDP link address is taken or not local (see the log)")
-        })?;
-        let link: Box<dyn LinkPort> = match std::env::var_os(PCAP_ENV) {
-            Some(path) => {
-                let path = std::path::PathBuf::from(path).join(format!("{}.pcap", spec.name));
-                // Unbuffered: a process that exits without closing the device (perftest on
-                // an error) still leaves every frame in the file.
-                let file = std::fs::File::create(&path);
-                let sink = file
-                    .and_then(bluerdma_sim::link::PcapSink::new)
-                    .map_err(|e| {
-                        log::error!("open {}: {PCAP_ENV}: {}: {e}", spec.name, path.display());
-                        fail("the capture file cannot be created (see the log)")
-                    })?;
-                log::info!("{}: capturing to {}", spec.name, path.display());
-                Box::new(bluerdma_sim::link::CapturingLink::new(
-                    link,
-                    sink,
-                    bluerdma_sim::link::CaptureDirection::Both,
-                ))
-            }
-            None => Box::new(link),
-        };
-        let mut cfg = crate::oob::TcpOobConfig::new(spec.ip);
-        cfg.port = oob_port;
-        if let Some(path) = &spec.oob_key {
-            cfg.key = crate::oob::OobKey::File(path.clone());
-        }
-        let oob = crate::oob::TcpOob::bind(cfg).map_err(|e| {
-            log::error!("open {}: {e}", spec.name);
-            match e {
-                crate::oob::TcpOobError::Key(_) => fail("the OOB key cannot be used (see the log)"),
-                _ => fail("the out-of-band port is taken (see the log)"),
-            }
-        })?;
-        Self::open_emulated_with_oob(spec, link, Some(Box::new(oob)))
-    }
-
-    /// Starts an emulated card on `link` and opens the driver on it, announcing receive WRs
-    /// over `oob` (the TCP channel of issue D, or an in-process hub).
-    pub fn open_emulated_with_oob(
+    /// Opens the driver on a backend's platform (see [`crate::backend`]), announcing
+    /// receive WRs over `oob` (the TCP channel, an in-process hub, or none: SEND is then
+    /// refused).
+    pub fn open_backend(
         spec: DeviceSpec,
-        link: Box<dyn LinkPort>,
+        backend: Backend,
         oob: Option<Box<dyn OobTransport + Send>>,
-    ) -> Result<Context, Error> {
+    ) -> Result<Context, OpenError> {
         if !card_takes_first_psn(spec.wire_psn_start) {
-            return Err(Error {
-                op: "open",
-                kind: VerbsError::InvalidArgument {
-                    what: "wire_psn_start in 0x7FFFF0..=0xFFFF7F (the card cannot take it)",
-                },
-            });
+            return Err(OpenError::new(
+                &spec.name,
+                libc::EINVAL,
+                "wire_psn_start in 0x7FFFF0..=0xFFFF7F (the card cannot take it)",
+            ));
         }
-        let card = InProcessCard::start(
-            NicConfig {
-                name: spec.name.clone(),
-                page_size: spec.page_size,
-                strict: spec.strict_pd,
-                ..NicConfig::default()
-            },
-            link,
-        )
-        .map_err(|_| Error {
-            op: "open",
-            kind: VerbsError::Unsupported {
-                what: "emulated card could not start",
-            },
-        })?;
+        let Backend {
+            kind,
+            regs,
+            dma,
+            mem,
+            tuning,
+            buffers,
+            handle,
+        } = backend;
         let mut cfg = DeviceConfig::new(spec.mac, spec.ip);
         cfg.page_size = spec.page_size;
+        cfg.command_timeout = Nanos(tuning.command_timeout.as_nanos() as u64);
+        cfg.ack_timeout_min = Nanos(tuning.ack_timeout_min.as_nanos() as u64);
+        cfg.send_window = tuning.send_window.max(1);
         let epoch = std::time::Instant::now();
         let mut clock = || Instant(epoch.elapsed().as_nanos() as u64);
-        let dev = Device::open(
-            card.regs.clone(),
-            HostDma::new(card.map.clone()),
-            HostMemory::new(card.map.clone()),
+        let mut dev = Device::open(
+            regs,
+            dma,
+            mem,
             HeapStorage::new(spec.capacity),
             cfg,
             &mut clock,
         )
-        .map_err(err("open"))?;
-        let mut dev = dev;
+        .map_err(|e| OpenError::from_engine(&spec.name, e))?;
         if let Some(oob) = oob {
             dev.attach_oob(DynOob(oob));
         }
@@ -322,7 +206,9 @@ impl Context {
             stop: AtomicBool::new(false),
             kick: (Mutex::new(false), Condvar::new()),
             spec,
-            card: Mutex::new(Some(card)),
+            kind,
+            buffers,
+            handle: Mutex::new(handle),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),
             raw_wanted: AtomicBool::new(false),
@@ -330,15 +216,45 @@ impl Context {
         let thread_inner = Arc::clone(&inner);
         let progress = thread::Builder::new()
             .name(format!("{}-progress", inner.spec.name))
-            .spawn(move || progress_loop(&thread_inner))
-            .map_err(|_| Error {
-                op: "open",
-                kind: VerbsError::OutOfResources { what: "threads" },
+            .spawn(move || progress::progress_loop(&thread_inner))
+            .map_err(|e| {
+                OpenError::new(
+                    &inner.spec.name,
+                    libc::EAGAIN,
+                    format!("cannot start the progress thread: {e}"),
+                )
             })?;
         Ok(Context {
             inner,
             progress: Some(progress),
         })
+    }
+
+    /// Starts an emulated card on `link` and opens the driver on it, with no out-of-band
+    /// channel (SEND is refused; see [`Context::open_emulated_with_oob`]).
+    #[cfg(feature = "emulator")]
+    pub fn open_emulated(
+        spec: DeviceSpec,
+        link: Box<dyn bluerdma_sim::link::LinkPort>,
+    ) -> Result<Context, OpenError> {
+        Self::open_emulated_with_oob(spec, link, None)
+    }
+
+    /// Starts an emulated card on `link` and opens the driver on it, announcing receive WRs
+    /// over `oob` (the TCP channel of issue D, or an in-process hub).
+    #[cfg(feature = "emulator")]
+    pub fn open_emulated_with_oob(
+        spec: DeviceSpec,
+        link: Box<dyn bluerdma_sim::link::LinkPort>,
+        oob: Option<Box<dyn OobTransport + Send>>,
+    ) -> Result<Context, OpenError> {
+        let backend = crate::backend::emulated::open(&spec, link)?;
+        Self::open_backend(spec, backend, oob)
+    }
+
+    /// The backend the device runs on.
+    pub fn backend(&self) -> BackendKind {
+        self.inner.kind
     }
 
     /// The device's spec.
@@ -351,24 +267,17 @@ impl Context {
         self.inner.lock().stats()
     }
 
-    /// The emulated card's counters, as text (for state dumps).
+    /// The card side's counters, as text (for state dumps): the emulated card's counters,
+    /// the RTL DMA client's, or the PCI card's register counters.
     pub fn card_stats(&self) -> String {
-        let card = self.inner.card.lock().unwrap_or_else(|e| e.into_inner());
-        card.as_ref()
-            .map(|c| {
-                let mut s = c.nic.stats().snapshot().to_string();
-                for counter in bluerdma_core::regs::Counter::ALL {
-                    let v = c.nic.regs().counter(counter);
-                    if v != 0 {
-                        s.push_str(&format!(" {counter:?}={v}"));
-                    }
-                }
-                s
-            })
-            .unwrap_or_default()
+        self.inner
+            .handle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .card_stats()
     }
 
-    /// A state dump: the engine's rings, QPs, MRs and counters, then the emulated card's
+    /// A state dump: the engine's rings, QPs, MRs and counters, then the card side's
     /// counters.
     pub fn dump(&self) -> String {
         let now = self.inner.now();
@@ -426,7 +335,6 @@ impl Context {
         self.inner.lock().poll(now)
     }
 }
-
 impl Drop for Context {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
@@ -436,92 +344,6 @@ impl Drop for Context {
         }
     }
 }
-
-fn progress_loop(inner: &Inner) {
-    let mut idle_rounds = 0u32;
-    let mut raw = RawBatch::default();
-    while !inner.stop.load(Ordering::Acquire) {
-        let now = inner.now();
-        // try_lock: an application thread inside a verb drives progress itself; the progress
-        // thread never makes it wait (on two cores a contended lock costs more than a poll).
-        let mut fire = Vec::new();
-        let mut round = |dev: &mut Engine| {
-            let w = dev.poll(now);
-            let frames = raw.take(inner, dev);
-            collect_events(inner, dev, &mut fire);
-            (w || frames > 0, dev.next_deadline())
-        };
-        let polled = match inner.dev.try_lock() {
-            Ok(mut dev) => Some(round(&mut dev)),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(round(&mut p.into_inner())),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        };
-        // The raw handler and event callbacks run without the engine lock.
-        raw.deliver(inner);
-        for cq in fire {
-            if let Some(f) = cq.notify.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                f();
-            }
-        }
-        let Some((work, deadline)) = polled else {
-            thread::yield_now();
-            continue;
-        };
-        if work {
-            idle_rounds = 0;
-            continue;
-        }
-        idle_rounds = idle_rounds.saturating_add(1);
-        if idle_rounds < 64 {
-            // A reply or an ACK usually follows within microseconds: stay close, but let
-            // the card's threads run.
-            thread::yield_now();
-            continue;
-        }
-        // Back off: 20 us doubling to 1 ms, never past a retransmission deadline.
-        let backoff =
-            Duration::from_micros(20u64 << (idle_rounds - 64).min(6)).min(Duration::from_millis(1));
-        let until_deadline = deadline
-            .map(|d| Duration::from_nanos(d.0.saturating_sub(inner.now().0)))
-            .unwrap_or(backoff);
-        let (lock, cv) = &inner.kick;
-        let Ok(guard) = lock.lock() else { return };
-        let (mut kicked, _) = cv
-            .wait_timeout_while(guard, backoff.min(until_deadline), |k| !*k)
-            .unwrap_or_else(|e| e.into_inner());
-        if *kicked {
-            *kicked = false;
-            idle_rounds = 0;
-        }
-    }
-}
-
-/// Moves the completions of every armed CQ out of the engine into the CQ's stash; a CQ that
-/// has any is disarmed and returned in `fire` (level-triggered: a completion already queued
-/// when the CQ was armed fires too, so an event is never lost between a poll and an arm).
-fn collect_events(inner: &Inner, dev: &mut Engine, fire: &mut Vec<Arc<CqInner>>) {
-    let mut armed = inner.armed.lock().unwrap_or_else(|e| e.into_inner());
-    if armed.is_empty() {
-        return;
-    }
-    armed.retain(|w| {
-        let Some(cq) = w.upgrade() else { return false };
-        if !cq.armed.load(Ordering::Acquire) {
-            return false;
-        }
-        let mut stash = cq.stash.lock().unwrap_or_else(|e| e.into_inner());
-        cq.pull(dev, &mut stash);
-        if stash.is_empty() {
-            return true;
-        }
-        // Cq::push may have fired and disarmed it meanwhile.
-        if cq.armed.swap(false, Ordering::AcqRel) {
-            fire.push(Arc::clone(&cq));
-        }
-        false
-    });
-}
-
 struct PdInner {
     ctx: Arc<Inner>,
     pd: u32,
@@ -589,9 +411,9 @@ impl Pd {
     /// Allocates `len` zeroed bytes (page aligned) and registers them: the safe way to get a
     /// registered buffer.
     pub fn alloc_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
-        let mut buf = AlignedBuf::new(len.max(1));
+        let buf = OwnedBuf::new(len, self.0.ctx.buffers).map_err(err("alloc_mr"))?;
         // SAFETY: the buffer is owned by the returned Mr and freed after deregistration.
-        let mut mr = unsafe { self.reg_mr(buf.as_mut_ptr(), len, access)? };
+        let mut mr = unsafe { self.reg_mr(buf.ptr(), len, access)? };
         mr.owned = Some(buf);
         Ok(mr)
     }
@@ -619,48 +441,13 @@ impl Pd {
         })
     }
 }
-
-/// A page-aligned heap buffer.
-struct AlignedBuf {
-    ptr: *mut u8,
-    layout: std::alloc::Layout,
-}
-
-// SAFETY: the buffer is plain bytes owned by this value.
-unsafe impl Send for AlignedBuf {}
-// SAFETY: shared access only hands out the pointer; the verbs contract governs its use.
-unsafe impl Sync for AlignedBuf {}
-
-impl AlignedBuf {
-    fn new(len: usize) -> Self {
-        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("length fits a layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        Self { ptr, layout }
-    }
-
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
-    }
-}
-
 /// A registered memory region.
 pub struct Mr {
     pd: Pd,
     key: MrKey,
     addr: u64,
     len: usize,
-    owned: Option<AlignedBuf>,
+    owned: Option<OwnedBuf>,
 }
 
 impl Mr {
@@ -688,7 +475,7 @@ impl Mr {
         // SAFETY: an owned buffer is valid for `len` bytes while `self` lives.
         self.owned
             .as_ref()
-            .map(|b| unsafe { std::slice::from_raw_parts(b.ptr, self.len) })
+            .map(|b| unsafe { std::slice::from_raw_parts(b.ptr(), self.len) })
     }
     /// Mutable bytes of an owned region.
     pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
@@ -696,7 +483,7 @@ impl Mr {
         // SAFETY: as in `bytes`, and `&mut self` excludes other borrows through this Mr.
         self.owned
             .as_mut()
-            .map(|b| unsafe { std::slice::from_raw_parts_mut(b.ptr, len) })
+            .map(|b| unsafe { std::slice::from_raw_parts_mut(b.ptr(), len) })
     }
 }
 
@@ -826,262 +613,5 @@ impl Cq {
             }
         }
         Ok(got)
-    }
-}
-
-/// Where a QP connects to: what the peer tells us out of band.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    /// The peer's QPN.
-    pub qpn: Qpn,
-    /// The peer's IPv4 address.
-    pub ip: Ipv4Addr,
-    /// The first PSN the peer sends.
-    pub psn: u32,
-}
-
-use bluerdma_core::transport::PSN_MASK;
-
-/// Whether the card can take `psn` as a connection's first PSN after a QP reset: not in
-/// 0x7FFFF0..=0xFFFF7F (nic-behaviour-review.md P5/P6: the RTL freezes, the emulated NIC
-/// ignores the packet).
-pub fn card_takes_first_psn(psn: u32) -> bool {
-    !(0x7F_FFF0..=0xFF_FF7F).contains(&(psn & PSN_MASK))
-}
-
-/// A queue pair.
-pub struct Qp {
-    pd: Pd,
-    _cqs: (Cq, Cq),
-    qpn: Qpn,
-    /// Application PSN minus wire PSN (mod 2^24), send and receive (see [`Qp::modify`]).
-    psn_offset: Mutex<(u32, u32)>,
-}
-
-impl Qp {
-    /// The QP number.
-    pub fn qpn(&self) -> Qpn {
-        self.qpn
-    }
-
-    /// This QP as an endpoint for a peer (our IP, our QPN, our first PSN).
-    pub fn endpoint(&self, psn: u32) -> Endpoint {
-        Endpoint {
-            qpn: self.qpn,
-            ip: self.pd.0.ctx.spec.ip,
-            psn,
-        }
-    }
-
-    /// modify_qp with raw ibv attributes and mask.
-    ///
-    /// Every connection starts on the wire from the device's `wire_psn_start` (0 by
-    /// default), whatever `sq_psn` and `rq_psn` say. Applications such as ibv_rc_pingpong
-    /// pick random PSNs, and the card cannot take a first PSN in 0x7FFFF0..=0xFFFF7F after
-    /// a QP reset. It must also be a constant: a responder that stays in RTR (perftest's
-    /// ib_read_bw server) answers READs from its send PSNs without ever being given an
-    /// `sq_psn`, and the requester must know where those start. Both ends run this driver.
-    /// [`Qp::psns`] reports the application's numbering.
-    pub fn modify(&self, attr: &RawQpAttr, mask: QpAttrMask) -> Result<(), Error> {
-        let ctx = &self.pd.0.ctx;
-        let mut clock = ctx.clock();
-        let start = ctx.spec.wire_psn_start & PSN_MASK;
-        let mut wire = *attr;
-        if mask.contains(QpAttrMask::SQ_PSN) {
-            wire.sq_psn = start;
-        }
-        if mask.contains(QpAttrMask::RQ_PSN) {
-            wire.rq_psn = start;
-        }
-        ctx.lock()
-            .modify_qp(self.qpn, &wire, mask, &mut clock)
-            .map_err(err("modify_qp"))?;
-        // Application PSN = wire PSN + this offset (mod 2^24).
-        let offset = |app: u32| (app & PSN_MASK).wrapping_sub(start) & PSN_MASK;
-        let mut psn = self.psn_offset.lock().unwrap_or_else(|e| e.into_inner());
-        if mask.contains(QpAttrMask::SQ_PSN) {
-            psn.0 = offset(attr.sq_psn);
-        }
-        if mask.contains(QpAttrMask::RQ_PSN) {
-            psn.1 = offset(attr.rq_psn);
-        }
-        Ok(())
-    }
-
-    /// The next PSN this QP sends and the next it expects, in the application's numbering
-    /// (the `sq_psn` and `rq_psn` it set, advanced by the traffic; see [`Qp::modify`]).
-    pub fn psns(&self, attrs: &QpAttrs) -> (u32, u32) {
-        let (sq, rq) = *self.psn_offset.lock().unwrap_or_else(|e| e.into_inner());
-        (
-            sq.wrapping_add(attrs.sq_psn.get()) & PSN_MASK,
-            rq.wrapping_add(attrs.rq_psn.get()) & PSN_MASK,
-        )
-    }
-
-    /// RESET -> INIT -> RTR -> RTS towards `remote`, sending from `my_psn`, with IB
-    /// `timeout` and `retry_cnt`.
-    pub fn connect(
-        &self,
-        remote: Endpoint,
-        my_psn: u32,
-        timeout: u8,
-        retry_cnt: u8,
-    ) -> Result<(), Error> {
-        self.connect_rnr(remote, my_psn, timeout, retry_cnt, 7, 12)
-    }
-
-    /// As [`Qp::connect`], with the RNR attributes: `rnr_retry` (7 = forever) and
-    /// `min_rnr_timer` (IB table 45 code; 12 = 0.64 ms).
-    pub fn connect_rnr(
-        &self,
-        remote: Endpoint,
-        my_psn: u32,
-        timeout: u8,
-        retry_cnt: u8,
-        rnr_retry: u8,
-        min_rnr_timer: u8,
-    ) -> Result<(), Error> {
-        let access = (1 | 2 | 4) as u32; // LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ
-        self.modify(
-            &RawQpAttr {
-                qp_state: QpState::Init.to_ibv(),
-                qp_access_flags: access,
-                ..RawQpAttr::default()
-            },
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )?;
-        self.modify(
-            &RawQpAttr {
-                qp_state: QpState::Rtr.to_ibv(),
-                path_mtu: 5,
-                dest_qp_num: remote.qpn.get(),
-                rq_psn: remote.psn,
-                dgid: Gid::from_ipv4(remote.ip),
-                min_rnr_timer,
-                ..RawQpAttr::default()
-            },
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )?;
-        self.modify(
-            &RawQpAttr {
-                qp_state: QpState::Rts.to_ibv(),
-                sq_psn: my_psn,
-                timeout,
-                retry_cnt,
-                rnr_retry,
-                ..RawQpAttr::default()
-            },
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-    }
-
-    /// How many send WRs posted on this QP have left its send queue (completed, failed or
-    /// flushed, signaled or not): the caller's buffers of the first that many are free.
-    pub fn sq_retired(&self) -> Result<u64, Error> {
-        self.pd
-            .0
-            .ctx
-            .lock()
-            .sq_retired(self.qpn)
-            .map_err(err("sq_retired"))
-    }
-
-    /// The QP's state and attributes.
-    pub fn query(&self) -> Result<QpAttrs, Error> {
-        self.pd
-            .0
-            .ctx
-            .lock()
-            .query_qp(self.qpn)
-            .map_err(err("query_qp"))
-    }
-
-    /// Posts a chain of send work requests; on failure returns the index of the first
-    /// request not posted (`bad_wr`) and why.
-    ///
-    /// # Safety
-    /// Every local buffer `[laddr, laddr + len)` must stay valid, and must not be written
-    /// (for WRITE) or read (for READ) by the caller, until the request's completion is
-    /// polled (or, for an unsignaled request, a later signaled one's): it belongs to the
-    /// work request until then.
-    pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), (usize, Error)> {
-        let ctx = &self.pd.0.ctx;
-        let now = ctx.now();
-        let r = ctx.lock().post_send(self.qpn, wrs, now).map_err(|(k, e)| {
-            (
-                k,
-                Error {
-                    op: "post_send",
-                    kind: e,
-                },
-            )
-        });
-        ctx.kick();
-        r
-    }
-
-    /// Posts receive work requests (SEND arrives with issue D; WRITE_WITH_IMM consumes them).
-    ///
-    /// # Safety
-    /// As for [`Qp::post_send`]: each buffer belongs to the request until its completion.
-    pub unsafe fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), (usize, Error)> {
-        self.pd
-            .0
-            .ctx
-            .lock()
-            .post_recv(self.qpn, wrs)
-            .map_err(|(k, e)| {
-                (
-                    k,
-                    Error {
-                        op: "post_recv",
-                        kind: e,
-                    },
-                )
-            })
-    }
-}
-
-impl Drop for Qp {
-    fn drop(&mut self) {
-        let ctx = &self.pd.0.ctx;
-        let mut clock = ctx.clock();
-        if let Err(e) = ctx.lock().destroy_qp(self.qpn, &mut clock) {
-            log::error!("destroy_qp({:#x}): {e}", self.qpn.get());
-        }
-    }
-}
-
-#[cfg(test)]
-mod psn_tests {
-    use super::card_takes_first_psn;
-
-    #[test]
-    fn first_psns_the_card_cannot_take() {
-        for (psn, ok) in [
-            (0, true),
-            (0x7F_FFEF, true),
-            (0x7F_FFF0, false),
-            (0xAB_CDEF, false),
-            (0xFF_FF7F, false),
-            (0xFF_FF80, true),
-            (0xFF_FFF0, true),
-        ] {
-            assert_eq!(card_takes_first_psn(psn), ok, "first PSN {psn:#x}");
-        }
     }
 }

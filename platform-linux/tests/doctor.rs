@@ -59,14 +59,18 @@ fn a_healthy_host_passes_every_check() {
     let sys = healthy();
     let checks = run(&config(&sys));
     let report = render(&checks);
-    assert_eq!(checks.len(), 9, "{report}");
+    assert_eq!(checks.len(), 10, "{report}");
     for c in &checks {
         assert_eq!(c.status, Status::Ok, "{report}");
     }
     assert!(
-        report.ends_with("9 checks: 9 ok, 0 warnings, 0 failed, 0 skipped\n"),
+        report.ends_with("10 checks: 10 ok, 0 warnings, 0 failed, 0 skipped\n"),
         "{report}"
     );
+    // The last check opens the card as the driver does.
+    assert!(check(&checks, "open")
+        .detail
+        .contains("the driver opens the card"));
     assert!(check(&checks, "bar0")
         .detail
         .contains("65536 bytes at 0xfe000000"));
@@ -219,5 +223,37 @@ fn the_binary_exits_with_the_verdict() {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{text}");
+    }
+}
+
+#[test]
+fn the_binary_checks_a_device_of_the_list() {
+    let bin = env!("CARGO_BIN_EXE_bluerdma-doctor");
+    let sys = healthy();
+    let list = format!(
+        "blue0=127.0.0.1,blue1=127.0.0.2+pci:{BDF};root={}",
+        sys.dir.path().display()
+    );
+    let run = |device: &str| {
+        Command::new(bin)
+            .args(["--device", device])
+            .env("BLUERDMA_DEVICES", &list)
+            .output()
+            .unwrap()
+    };
+    let out = run("blue0");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--device blue0: an emulated device, not a +pci one"),
+        "{err}"
+    );
+    let out = run("blue9");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such device"));
+    if is_root() {
+        let out = run("blue1");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        assert!(text.contains("[ ok ] open"), "{text}");
     }
 }

@@ -1,10 +1,10 @@
 //! The emulated blue-rdma NIC: a behavioural model of the card that honours the same
 //! hardware contract as the real one (`shared/spec/nic-behaviour.md`,
 //! `shared/spec/hardware-contract.md`), the link that carries its Ethernet frames, and the
-//! two ways to attach a driver to it: in-process (device addresses are the process's own)
-//! and the RTL simulator's socket protocol (`shared/spec/rtl-sim-protocol.md`). [`pair`] steps
-//! two driver engines and two cards in one thread on a virtual clock, for deterministic tests
-//! of the transport.
+//! three ways to attach a driver to it: in-process (device addresses are the process's
+//! own), the RTL simulator's socket protocol (`shared/spec/rtl-sim-protocol.md`), and a
+//! fake PCI card served to another process ([`pci`]). [`pair`] steps two driver engines and
+//! two cards in one thread on a virtual clock, for deterministic tests of the transport.
 #![deny(missing_docs)]
 
 pub use bluerdma_core as core;
@@ -15,6 +15,7 @@ pub mod link;
 pub mod mem;
 pub mod model;
 pub mod pair;
+pub mod pci;
 pub mod rawdrv;
 pub mod rtl;
 pub mod scenarios;

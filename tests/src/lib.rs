@@ -3,6 +3,8 @@
 //! deterministic byte patterns with a comparison that names the first differing byte.
 #![deny(missing_docs)]
 
+pub mod served;
+
 use std::net::Ipv4Addr;
 
 use bluerdma_core::addr::VirtAddr;

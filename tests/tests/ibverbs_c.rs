@@ -60,32 +60,8 @@ fn require_toolchain() {
 
 /// Builds the stand-in in this test's profile and target directory; returns its path.
 fn build_library() -> PathBuf {
-    // This test runs as <target dir>/<profile dir>/deps/<name>.
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test executable lies in <target>/<profile>/deps");
-    let target_dir = profile_dir.parent().expect("a target directory");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev".to_string(),
-        Some(other) => other.to_string(),
-        None => panic!("no profile directory in {}", exe.display()),
-    };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(&cargo)
-        .args(["build", "-p", "bluerdma-ibverbs", "--profile", &profile])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `{cargo} build`: {e}"));
-    assert!(
-        out.status.success(),
-        "`{cargo} build -p bluerdma-ibverbs --profile {profile}` failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lib = profile_dir.join("libibverbs.so");
+    let lib =
+        bluerdma_tests::served::cargo_build(&["-p", "bluerdma-ibverbs"]).join("libibverbs.so");
     assert!(lib.exists(), "the build did not make {}", lib.display());
     lib
 }

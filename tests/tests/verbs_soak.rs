@@ -16,6 +16,8 @@ fn short_soak_with_link_faults_verifies_every_byte() {
         perf: false,
         in_memory: true,
         scenarios: false,
+        devices: None,
+        scale: Default::default(),
     };
     let rows = run(&opts, &mut |_| {}).expect("scenarios start");
     let failed: Vec<_> = rows.iter().filter(|r| !r.ok).collect();

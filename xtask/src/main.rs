@@ -14,6 +14,7 @@
 //! - `cargo xtask fuzz [SECS]`: every cargo-fuzz target of tests/fuzz for SECS seconds
 //!   (`fuzz.rs`); `ci` runs each for a few seconds.
 
+mod backends;
 mod cluster;
 mod firmware;
 mod fuzz;
@@ -70,7 +71,9 @@ fn print_help() {
          link and the scenarios run against them; a summary table, non-zero exit on\n                 \
          any mismatch: first the card through raw rings, then the driver engine through\n                 \
          the verbs API (--faults SPEC, --pcap FILE, --seed N, --port N, --only TEXT,\n                 \
-         --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details)\n  \
+         --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details);\n                 \
+         --backend rtl|pci runs the verbs scenarios on cards served by bluerdma-sim\n                 \
+         serve (the RTL protocol) or pci-serve (a fake PCI card, root only)\n  \
          doctor [opts]  checks this machine for the real card and prints the fix for each\n                 \
          problem (`cargo xtask doctor --help`)\n  \
          perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
@@ -103,6 +106,14 @@ fn project_root() -> PathBuf {
 /// `--only` and `--list` to the raw half, `--faults`, `--seed` and `--port` to both (the
 /// verbs half uses the next port).
 fn sim(root: &Path, args: &[String]) -> Result<(), String> {
+    if let Some(i) = args.iter().position(|a| a == "--backend") {
+        let backend = backends::Backend::parse(args.get(i + 1).map_or("", String::as_str))?;
+        let rest: Vec<String> = [&args[..i], args.get(i + 2..).unwrap_or(&[])].concat();
+        if backend != backends::Backend::Emulated {
+            return backends::sim(root, backend, &rest);
+        }
+        return sim(root, &rest);
+    }
     let mut raw: Vec<String> = Vec::new();
     let mut verbs: Vec<String> = Vec::new();
     let mut it = args.iter();
@@ -244,6 +255,13 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         "cargo test --workspace --no-fail-fast --locked",
     ));
     rows.push(fuzz::ci_row(root, &logs));
+    rows.push(check(
+        root,
+        &logs,
+        "bluerdma-linux without the emulator",
+        "cargo test -p bluerdma-linux --no-default-features --locked && \
+         ! cargo tree -p bluerdma-linux --no-default-features -e normal | grep bluerdma-sim",
+    ));
     if quick {
         println!("ci: --quick: skipping the loom model and the {RISCV_TARGET} build");
     } else {
@@ -257,8 +275,13 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         rows.push(no_std_build(root, &logs));
         rows.extend(firmware::firmware_checks(root, &logs));
     }
-    rows.push(perftest::ci_row(root, quick));
+    rows.push(perftest::ci_row(root, quick, backends::Backend::Emulated));
     rows.push(rdmacm::ci_row(root));
+    // The other backends at sizes that keep CI short (the fake PCI card needs root).
+    for backend in [backends::Backend::Rtl, backends::Backend::Pci] {
+        rows.push(backends::ci_sim_row(root, backend));
+        rows.push(perftest::ci_row(root, true, backend));
+    }
     if quick {
         println!("ci: --quick: skipping the cluster run");
     } else {

@@ -23,6 +23,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::backends::{build_release, Backend, ServedCards};
 use super::Row;
 
 /// The hidden first argument that makes `perftest` measure the TCP baseline only (needs the
@@ -44,11 +45,18 @@ const TAIL: usize = 25;
 
 const USAGE: &str = "\
 usage: cargo xtask perftest [--quick] [--keep-going] [--only TEXT] [--timeout SECS] [--port N]
+                            [--backend emulated|rtl|pci]
 
 Builds target/ibverbs/libibverbs.so.1 (the blue-rdma stand-in) and runs ibverbs-utils and
 perftest over it on the emulated NIC (bluerdma0 = server, bluerdma1 = client; the devices
 come from BLUERDMA_DEVICES when it is set), next to a TCP loopback baseline measured in the
 same run. Installs ibverbs-utils and perftest with apt-get if they are missing.
+
+With --backend rtl the two devices are cards served by `bluerdma-sim serve` (the RTL
+simulator's sockets; smaller sizes, which fit its speed); with --backend pci they are fake
+PCI cards served by `bluerdma-sim pci-serve` (root only), and the tools run with the
+hugepage allocator preloaded (target/release/libbluerdma_hugealloc.so) so that their
+malloc'd buffers register.
 
 options:
   --quick         fewer iterations (bw/lat -n 200, pingpong -n 100) and a shorter baseline
@@ -56,6 +64,7 @@ options:
   --only TEXT     run only the tools whose command line contains TEXT (e.g. `write_bw`, `-e`)
   --timeout SECS  hard limit per command; both ends of a pair are killed (default 30)
   --port N        first TCP exchange port (-p); pair i uses N + i (default 18600)
+  --backend NAME  emulated (default), rtl or pci
 ";
 
 /// Options of one run.
@@ -66,6 +75,7 @@ struct Opts {
     only: Option<String>,
     timeout: Duration,
     port: u16,
+    backend: Backend,
 }
 
 impl Opts {
@@ -76,6 +86,7 @@ impl Opts {
             only: None,
             timeout: Duration::from_secs(30),
             port: DEFAULT_PORT,
+            backend: Backend::Emulated,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -101,6 +112,7 @@ impl Opts {
                         .parse()
                         .map_err(|_| format!("perftest: --port {v}: not a port"))?;
                 }
+                "--backend" => o.backend = Backend::parse(&value("a backend")?)?,
                 "--help" | "-h" => {
                     print!("{USAGE}");
                     return Ok(None);
@@ -118,11 +130,18 @@ impl Opts {
 
     /// `-n` of the bandwidth and latency tools, and of the ping-pong.
     fn iters(&self) -> (u32, u32) {
-        if self.quick {
-            (200, 100)
-        } else {
-            (1000, 500)
+        match (self.quick, self.backend) {
+            // The RTL protocol's DMA socket moves a few MB/s.
+            (_, Backend::Rtl) => (100, 50),
+            (true, _) => (200, 100),
+            (false, _) => (1000, 500),
         }
+    }
+
+    /// `-s` of the bandwidth tools (the same on every backend: 64 KiB over the RTL protocol
+    /// failed with RETRY_EXC_ERR before its backend had an ACK-timeout floor).
+    fn bw_size(&self) -> usize {
+        BW_SIZE
     }
 
     /// Seconds of TCP stream and round trips of TCP ping-pong.
@@ -150,17 +169,24 @@ pub fn perftest(root: &Path, args: &[String]) -> Result<(), String> {
 
 /// The row of `cargo xtask ci`: every tool run counts as one check (passed or failed), and
 /// the note carries the headline figures or the first failure.
-pub fn ci_row(root: &Path, quick: bool) -> Row {
-    println!("ci: perftest: ibverbs-utils and perftest over target/ibverbs/libibverbs.so.1");
+pub fn ci_row(root: &Path, quick: bool, backend: Backend) -> Row {
+    println!(
+        "ci: perftest: ibverbs-utils and perftest over target/ibverbs/libibverbs.so.1 ({})",
+        backend.name()
+    );
     let start = Instant::now();
     let opts = Opts {
         quick,
         keep_going: true,
         only: None,
-        timeout: Duration::from_secs(30),
+        timeout: Duration::from_secs(if backend == Backend::Rtl { 60 } else { 30 }),
         port: DEFAULT_PORT,
+        backend,
     };
-    let suite = "perftest (ibverbs tools)".to_string();
+    let suite = match backend {
+        Backend::Emulated => "perftest (ibverbs tools)".to_string(),
+        b => format!("perftest (ibverbs tools, {})", b.name()),
+    };
     match run(root, &opts) {
         Ok(report) => {
             report.print();
@@ -197,7 +223,10 @@ fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
     let start = Instant::now();
     let lib_dir = build_library(root)?;
     ensure_tools(opts)?;
-    let ips = device_ips();
+    let ips = match opts.backend {
+        Backend::Emulated => device_ips(),
+        _ => DEFAULT_IPS.iter().map(|s| s.to_string()).collect(),
+    };
     if ips.len() < 2 {
         return Err(format!(
             "perftest: needs two devices, BLUERDMA_DEVICES gives {}",
@@ -205,12 +234,30 @@ fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
         ));
     }
     check_link_ports_free(&ips)?;
+    // Served cards for the other backends, and what the tools need to open them.
+    let mut env = Vec::new();
+    let cards = match opts.backend {
+        Backend::Emulated => None,
+        b => {
+            let names = ["bluerdma0", "bluerdma1"];
+            let ip_refs: Vec<&str> = ips.iter().map(String::as_str).collect();
+            let cards = ServedCards::start(root, b, &names, &ip_refs, 128)?;
+            env.push(("BLUERDMA_DEVICES".to_string(), cards.devices.clone()));
+            Some(cards)
+        }
+    };
+    if opts.backend == Backend::Pci {
+        // perftest mallocs its buffers; the card registers 2 MiB hugetlb pages only.
+        let lib = build_release(root, "bluerdma-hugealloc", None)?.join("libbluerdma_hugealloc.so");
+        env.push(("LD_PRELOAD".to_string(), lib.display().to_string()));
+    }
     let logs = root.join("target").join("xtask").join("perftest");
     fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let ctx = RunCtx {
         lib_dir: &lib_dir,
         logs: &logs,
         timeout: opts.timeout,
+        env: &env,
     };
 
     let baseline = measure_baseline(root, opts, &ips[0]);
@@ -229,6 +276,7 @@ fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
             return Ok(Report::new(runs, baseline, lib_dir, start));
         }
     }
+    let _cards = cards;
     for (i, pair) in pairs(opts).iter().enumerate() {
         if !opts.selects(&format!("{} {}", pair.tool, pair.tag)) {
             continue;
@@ -371,7 +419,15 @@ fn device_ips() -> Vec<String> {
     match env::var("BLUERDMA_DEVICES") {
         Ok(v) if !v.trim().is_empty() => v
             .split(',')
-            .map(|d| d.rsplit('=').next().unwrap_or(d).trim().to_string())
+            // `name=ip[@mac][+backend][;options]`: the address alone.
+            .map(|d| {
+                let addr = d.split_once('=').map_or(d, |(_, rest)| rest);
+                addr.split(['@', '+', ';'])
+                    .next()
+                    .unwrap_or(addr)
+                    .trim()
+                    .to_string()
+            })
             .filter(|ip| !ip.is_empty())
             .collect(),
         _ => DEFAULT_IPS.iter().map(|s| s.to_string()).collect(),
@@ -616,21 +672,24 @@ fn pairs(opts: &Opts) -> Vec<Pair> {
         args: vec!["-s".into(), size.to_string(), "-n".into(), n.to_string()],
         check,
     };
+    let bw = opts.bw_size();
     vec![
         pingpong(""),
         pingpong("-e"),
-        perf("ib_write_bw", BW_SIZE, Check::Bw),
-        perf("ib_read_bw", BW_SIZE, Check::Bw),
-        perf("ib_send_bw", BW_SIZE, Check::Bw),
+        perf("ib_write_bw", bw, Check::Bw),
+        perf("ib_read_bw", bw, Check::Bw),
+        perf("ib_send_bw", bw, Check::Bw),
         perf("ib_write_lat", LAT_SIZE, Check::Lat),
     ]
 }
 
-/// Where the commands run: the library directory, the log directory and the timeout.
+/// Where the commands run: the library directory, the log directory, the timeout and the
+/// environment of the backend (its device list, a preloaded allocator).
 struct RunCtx<'a> {
     lib_dir: &'a Path,
     logs: &'a Path,
     timeout: Duration,
+    env: &'a [(String, String)],
 }
 
 impl RunCtx<'_> {
@@ -648,6 +707,7 @@ impl RunCtx<'_> {
         };
         let mut cmd = Command::new(tool);
         cmd.args(args).env("LD_LIBRARY_PATH", path);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         spawn_logged(cmd, log)
     }
 

@@ -35,7 +35,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let at = if idle {
             None
         } else {
-            a.ack_timeout().map(|t| now + t)
+            a.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t)
         };
         self.timers(i).set(Timer::Retransmit, at);
         self.complete_head(i);
@@ -102,8 +102,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if reading && self.timers(i).get(Timer::Retransmit).is_some() {
             let a = self.qp(i).attrs;
             self.qp(i).req.reset_retries(a.retry_cnt);
-            self.timers(i)
-                .set(Timer::Retransmit, a.ack_timeout().map(|t| now + t));
+            let at = a.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
+            self.timers(i).set(Timer::Retransmit, at);
         }
     }
 
@@ -218,8 +218,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if batch.len() > 0 {
             self.flush_send_waiting(&mut batch);
         }
-        self.timers(i)
-            .set(Timer::Retransmit, a.ack_timeout().map(|t| now + t));
+        let at = a.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
+        self.timers(i).set(Timer::Retransmit, at);
     }
 
     /// The retransmission timer fired: resend from the oldest unacknowledged PSN, or fail

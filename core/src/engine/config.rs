@@ -93,8 +93,15 @@ pub struct DeviceConfig {
     pub gateway: Ipv4Addr,
     /// Translation page size; must match the card (correction 8).
     pub page_size: PageSize,
-    /// How long a command may take.
+    /// How long a command may take before it fails with
+    /// [`VerbsError::CommandTimeout`](super::VerbsError::CommandTimeout). A card answers in
+    /// microseconds; a simulator behind a socket takes far longer (the backend sets it).
     pub command_timeout: Nanos,
+    /// The least local ACK timeout of every QP, whatever its `timeout` attribute says
+    /// (0: none). The application's timeout (14 = 67 ms) assumes a card; over the RTL
+    /// simulator's DMA socket (about 2 MB/s) one 64 KiB message takes longer than that, and
+    /// retransmitting it only adds load. The backend sets the floor.
+    pub ack_timeout_min: Nanos,
     /// Packets in flight per QP before new work waits for ACKs.
     pub send_window: u32,
 }
@@ -109,6 +116,7 @@ impl DeviceConfig {
             gateway: Ipv4Addr::UNSPECIFIED,
             page_size: PageSize::Size2M,
             command_timeout: Nanos::from_millis(2_000),
+            ack_timeout_min: Nanos(0),
             send_window: 1024,
         }
     }

@@ -308,6 +308,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Collects the job's finished commands and submits what may go next; returns whether
     /// anything changed.
     fn advance_mr_job(&mut self, j: usize, now: Instant) -> bool {
+        // A finished job waits for its `reg_mr_poll`; its tickets are spent (checking the
+        // table update's again failed the registration when the progress thread finished
+        // the job between two polls of the caller).
         let Some(mut job) = self.mr_jobs[j].filter(|job| !job.done) else {
             return false;
         };

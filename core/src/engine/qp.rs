@@ -112,10 +112,12 @@ impl Default for QpAttrs {
 }
 
 impl QpAttrs {
-    /// The local ACK timeout (`None`: infinite).
+    /// The local ACK timeout (`None`: infinite), at least `floor`
+    /// ([`DeviceConfig::ack_timeout_min`](super::DeviceConfig::ack_timeout_min): a slow
+    /// backend's round trip can exceed what the application asked for).
     #[inline]
-    pub(crate) fn ack_timeout(&self) -> Option<Nanos> {
-        Nanos::ib_local_ack_timeout(self.timeout)
+    pub(crate) fn ack_timeout(&self, floor: Nanos) -> Option<Nanos> {
+        Nanos::ib_local_ack_timeout(self.timeout).map(|t| t.max(floor))
     }
 
     /// Connected: RTR or later, not in error.
@@ -487,5 +489,25 @@ fn apply(q: &mut QpSlot, attr: &QpAttr) {
     }
     if let Some(v) = attr.min_rnr_timer {
         a.min_rnr_timer = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_floor_raises_short_ack_timeouts_and_keeps_infinite_ones() {
+        let mut a = QpAttrs::default();
+        let second = Nanos::from_millis(1_000);
+        // 14 = 67 ms: raised to the floor; no floor keeps it.
+        assert_eq!(a.ack_timeout(second), Some(second));
+        assert_eq!(a.ack_timeout(Nanos(0)), Some(Nanos(4_096 << 14)));
+        // 20 = 4.3 s is above the floor and stays.
+        a.timeout = 20;
+        assert_eq!(a.ack_timeout(second), Some(Nanos(4_096 << 20)));
+        // 0 = infinite stays infinite.
+        a.timeout = 0;
+        assert_eq!(a.ack_timeout(second), None);
     }
 }

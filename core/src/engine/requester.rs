@@ -344,7 +344,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let mut batch = Batch::new();
         // The attributes cannot change while this runs (a QP that goes to ERR stops it).
         let attrs = self.qp(i).attrs;
-        let timeout = attrs.ack_timeout().map(|t| now + t);
+        let timeout = attrs.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
         while self.transmit_one(i, &attrs, timeout, now, &mut batch) {}
         if batch.len() > 0 {
             self.flush_send(&mut batch);

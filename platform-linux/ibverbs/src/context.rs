@@ -1,14 +1,17 @@
-//! Contexts: an opened device (`struct verbs_context` around `ibv_context`), the emulated
-//! card it starts on first use and shares with the device's other contexts, and its
-//! asynchronous events (none are generated yet).
+//! Contexts: an opened device (`struct verbs_context` around `ibv_context`), the engine it
+//! starts on the device's backend on first use ([`bluerdma_linux::devices::open`]) and
+//! shares with the device's other contexts, and its asynchronous events (none are
+//! generated yet).
 //!
 //! The function tables a context carries are the entry layer's (`ops.rs`), which opens and
 //! closes contexts through [`Ctx::open`] and [`Ctx::take`].
 
 use core::ffi::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use bluerdma_linux::devices::Settings;
 use bluerdma_linux::verbs::{Context, DeviceSpec};
 
 use crate::abi::*;
@@ -117,38 +120,32 @@ impl Ctx {
             *e = Some(Arc::clone(&c));
             return Ok(c);
         }
-        let port = match std::env::var("BLUERDMA_OOB_PORT") {
-            Ok(p) => p.parse().map_err(|_| {
-                log::error!("BLUERDMA_OOB_PORT=`{p}` is not a port number");
-                libc::EINVAL
-            })?,
-            Err(_) => bluerdma_linux::oob::OOB_PORT,
-        };
+        let settings = Settings::from_env().map_err(|e| {
+            log::error!("{e}");
+            libc::EINVAL
+        })?;
+        let list = crate::device::list().ok_or(libc::ENODEV)?;
         let mut spec: DeviceSpec = self.dev.entry.spec();
         spec.name = format!("bluerdma{}", self.dev.index);
         spec.capacity = caps::capacity();
         // Where every connection starts on the wire (both ends must agree; the C tests use
         // 0xFFFFF0 to cross the 24-bit wrap).
-        if let Ok(v) = std::env::var("BLUERDMA_WIRE_PSN_START") {
-            let t = v.trim();
-            let parsed = match t.strip_prefix("0x") {
-                Some(hex) => u32::from_str_radix(hex, 16),
-                None => t.parse(),
-            };
-            spec.wire_psn_start = parsed.map_err(|_| {
-                log::error!("BLUERDMA_WIRE_PSN_START=`{v}` is not a PSN");
-                libc::EINVAL
-            })?;
-        }
-        let c = Context::open(spec, port).map_err(|err| {
-            log::error!(
-                "bluerdma{} ({} at {}): {err}",
-                self.dev.index,
-                self.dev.entry.name,
-                self.dev.entry.ip
-            );
-            libc::EADDRINUSE
-        })?;
+        settings.apply(&mut spec);
+        let c = bluerdma_linux::devices::open(list, &self.dev.entry, spec, &settings).map_err(
+            |err| {
+                // The reason and the fix once; later attempts fail with the same errno.
+                if !self.dev.open_failure_shown.swap(true, Ordering::Relaxed) {
+                    log::error!(
+                        "{err} ({} device {} at {}; fails with {})",
+                        self.dev.entry.backend.kind(),
+                        self.dev.entry.name,
+                        self.dev.entry.ip,
+                        err.errno_name()
+                    );
+                }
+                err.errno
+            },
+        )?;
         let c = Arc::new(c);
         *shared = Arc::downgrade(&c);
         *e = Some(Arc::clone(&c));

@@ -1,9 +1,10 @@
-//! The device table: the devices of this process (from the device list, or the network
-//! namespace's own address), as ibv_get_device_list hands them out, and their names and
-//! GUIDs. There is no sysfs behind them.
+//! The device table: the devices of this process ([`bluerdma_linux::devices::discover`]:
+//! the device list, or the network namespace's own address), as ibv_get_device_list hands
+//! them out, and their names and GUIDs. There is no sysfs behind them.
 
 use core::ffi::{c_char, c_int};
 use std::ptr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
 
 use bluerdma_linux::devices::{DeviceEntry, DeviceList};
@@ -23,6 +24,9 @@ pub(crate) struct Device {
     /// uses it: every context of one device shares it (a second card could not bind the
     /// device's address).
     pub(crate) engine: Mutex<std::sync::Weak<Context>>,
+    /// Whether a failure to open the device was printed (the reason and the fix are
+    /// printed once; later attempts fail with the same errno quietly).
+    pub(crate) open_failure_shown: AtomicBool,
 }
 
 // SAFETY: the raw pointers in `ibv` are all null; the rest is plain data.
@@ -49,27 +53,27 @@ pub(crate) fn fill(dst: &mut [c_char], s: &str) {
     }
 }
 
-/// The devices of this process, read once from the device list.
+/// The device list of this process, read once (`None` if it has an error, which is
+/// logged).
+pub(crate) fn list() -> Option<&'static DeviceList> {
+    static LIST: OnceLock<Option<DeviceList>> = OnceLock::new();
+    LIST.get_or_init(|| {
+        init_log();
+        bluerdma_linux::devices::discover()
+            .inspect_err(|e| log::error!("{e}"))
+            .ok()
+    })
+    .as_ref()
+}
+
+/// The devices of this process, made once from the device list.
 fn devices() -> &'static [Device] {
     static DEVICES: OnceLock<Vec<Device>> = OnceLock::new();
     DEVICES.get_or_init(|| {
-        init_log();
-        let configured =
-            std::env::var(bluerdma_linux::devices::DEVICES_ENV).is_ok_and(|v| !v.trim().is_empty());
-        let entries = match (configured, namespace_address()) {
-            (false, Some(ip)) => {
-                log::info!("bluerdma0 at {ip}: the only IPv4 address of this network namespace");
-                vec![DeviceEntry::new("bluerdma0", ip)]
-            }
-            _ => match DeviceList::from_env() {
-                Ok(l) => l.entries().to_vec(),
-                Err(e) => {
-                    log::error!("{e}");
-                    return Vec::new();
-                }
-            },
+        let Some(list) = list() else {
+            return Vec::new();
         };
-        entries
+        list.entries()
             .iter()
             .enumerate()
             .map(|(index, entry)| {
@@ -93,70 +97,22 @@ fn devices() -> &'static [Device] {
                     &mut ibv.ibdev_path,
                     &format!("/sys/class/infiniband/{name}"),
                 );
-                log::debug!("{name}: {} at {}", entry.name, entry.ip);
+                log::debug!(
+                    "{name}: {} at {} ({})",
+                    entry.name,
+                    entry.ip,
+                    entry.backend.kind()
+                );
                 Device {
                     ibv,
                     index,
                     entry: entry.clone(),
                     engine: Mutex::new(std::sync::Weak::new()),
+                    open_failure_shown: AtomicBool::new(false),
                 }
             })
             .collect()
     })
-}
-
-/// A node's own address, found without configuration: when this process runs in a network
-/// namespace other than the machine's first one (a node of `cargo xtask cluster`, a
-/// container) and that namespace has exactly one IPv4 address outside 127.0.0.0/8, that is
-/// the device's address. In the machine's own namespace the device list applies (by default
-/// bluerdma0 = 127.0.0.1, bluerdma1 = 127.0.0.2).
-fn namespace_address() -> Option<std::net::Ipv4Addr> {
-    if !in_own_netns() {
-        return None;
-    }
-    let mut found = None;
-    let mut ifs: *mut libc::ifaddrs = ptr::null_mut();
-    // SAFETY: getifaddrs fills `ifs` with a list we free below.
-    if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
-        return None;
-    }
-    let mut p = ifs;
-    let mut count = 0;
-    while !p.is_null() {
-        // SAFETY: a node of the list getifaddrs made; its address, when set, is a sockaddr
-        // whose family says its type.
-        unsafe {
-            let a = (*p).ifa_addr;
-            if !a.is_null() && (*a).sa_family as i32 == libc::AF_INET {
-                let sin = &*(a as *const libc::sockaddr_in);
-                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                if !ip.is_loopback() {
-                    count += 1;
-                    found = Some(ip);
-                }
-            }
-            p = (*p).ifa_next;
-        }
-    }
-    // SAFETY: the list getifaddrs made.
-    unsafe { libc::freeifaddrs(ifs) };
-    (count == 1).then_some(found).flatten()
-}
-
-/// Whether this process runs in a network namespace of its own: one named by `ip netns`
-/// (its file in /run/netns is this namespace), or one that differs from PID 1's when that
-/// can be read.
-fn in_own_netns() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(own) = std::fs::metadata("/proc/self/ns/net") else {
-        return false;
-    };
-    let named = std::fs::read_dir("/run/netns").is_ok_and(|dir| {
-        dir.flatten().any(|e| {
-            std::fs::metadata(e.path()).is_ok_and(|m| m.ino() == own.ino() && m.dev() == own.dev())
-        })
-    });
-    named || std::fs::metadata("/proc/1/ns/net").is_ok_and(|first| first.ino() != own.ino())
 }
 
 /// The device behind an application's pointer.

@@ -3,10 +3,13 @@
 //! emulated NIC, with no kernel module, found through `LD_LIBRARY_PATH`.
 //!
 //! - Devices are the list of [`bluerdma_linux::devices`] (`BLUERDMA_DEVICES`; by default
-//!   `bluerdma0` at 127.0.0.1 and `bluerdma1` at 127.0.0.2). Opening one costs nothing; the
-//!   emulated card (its UDP link on `<ip>:4791` and its out-of-band listener on
-//!   `<ip>:60000`, or `BLUERDMA_OOB_PORT`) starts with the first object made on it, so
-//!   `ibv_devinfo` works while another process uses the device.
+//!   `bluerdma0` at 127.0.0.1 and `bluerdma1` at 127.0.0.2), each on its backend: the
+//!   emulated card (no suffix), the RTL simulator (`+rtl`) or the PCI card (`+pci`).
+//!   Opening one costs nothing; its engine (and the emulated card's UDP link on
+//!   `<ip>:4791`, the out-of-band listener on `<ip>:60000` or `BLUERDMA_OOB_PORT`) starts
+//!   with the first object made on it, so `ibv_devinfo` works while another process uses
+//!   the device. A device that cannot open prints why and the fix once, and the verb fails
+//!   with the errno of [`bluerdma_linux::OpenError`] (EACCES, ENODEV, ENOMEM, ...).
 //! - The port is RoCE: Ethernet link layer, ACTIVE, LID 0, GID 0 and 3 are the device's
 //!   IPv4-mapped address (RoCE v2). Connect QPs with a GID (`ibv_rc_pingpong -g 0`).
 //! - RC QPs with up to 6 SGEs per send request: RDMA WRITE (with immediate), READ, SEND
@@ -35,7 +38,7 @@
 //!    - `stubs`: the exported verbs this library does not implement (build.rs lists them).
 //! 2. The device table:
 //!    - `device`: the devices of this process and the device-list verbs.
-//!    - `context`: an opened device, the emulated card it starts, async events.
+//!    - `context`: an opened device, the engine it starts on its backend, async events.
 //!    - `port`: the device, port, GID and P_Key queries.
 //! 3. Objects:
 //!    - `pd`: protection domains and their table of registered regions.

@@ -23,6 +23,32 @@ pub const HUGEPAGE: usize = 2 << 20;
 /// log2 of the hugepage size, in the position `MAP_HUGE_*` flags take.
 const MAP_HUGE_2MB: i32 = 21 << libc::MAP_HUGE_SHIFT;
 
+/// `len` bytes (a multiple of 2 MiB) of zeroed, populated 2 MiB hugetlb pages, privately
+/// mapped; [`DmaError::NoHugepages`] when the pool has too few free pages.
+pub(crate) fn map_hugetlb(len: usize) -> Result<Mapping, DmaError> {
+    // SAFETY: a fresh private anonymous mapping at an address the kernel picks.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_HUGETLB
+                | MAP_HUGE_2MB
+                | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    match Mapping::from_mmap(ptr, len, "2 MiB hugepages") {
+        Err(DmaError::Map { source, .. }) if source.raw_os_error() == Some(libc::ENOMEM) => {
+            Err(DmaError::NoHugepages)
+        }
+        other => other,
+    }
+}
+
 struct HugePage {
     // Field order: the arena goes before the mapping it describes.
     arena: Arena,
@@ -67,27 +93,7 @@ impl HugePageDma {
     }
 
     fn map_page(&self) -> Result<HugePage, DmaError> {
-        // SAFETY: a fresh private anonymous mapping at an address the kernel picks.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                HUGEPAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE
-                    | libc::MAP_ANONYMOUS
-                    | libc::MAP_HUGETLB
-                    | MAP_HUGE_2MB
-                    | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        let map = match Mapping::from_mmap(ptr, HUGEPAGE, "a 2 MiB hugepage") {
-            Err(DmaError::Map { source, .. }) if source.raw_os_error() == Some(libc::ENOMEM) => {
-                return Err(DmaError::NoHugepages)
-            }
-            other => other?,
-        };
+        let map = map_hugetlb(HUGEPAGE)?;
         let va = map.ptr().as_ptr() as u64;
         // SAFETY: mlock changes no contents; the range is the mapping just made.
         if unsafe { libc::mlock(map.ptr().as_ptr().cast(), HUGEPAGE) } != 0 {

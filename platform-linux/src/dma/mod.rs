@@ -15,6 +15,7 @@ mod hugepage;
 mod udmabuf;
 
 pub use arena::MAX_ALIGN;
+pub(crate) use hugepage::map_hugetlb;
 pub use hugepage::{HugePageDma, HUGEPAGE};
 pub use udmabuf::{UdmaBuf, UdmaBufConfig};
 

@@ -78,6 +78,11 @@ pub enum UmemError {
     },
 }
 
+/// How an unmodified program that mallocs its buffers gets hugetlb memory.
+pub const HUGEALLOC_HINT: &str = "an unmodified program that mallocs its buffers runs with the \
+    workspace's hugepage allocator: `LD_PRELOAD=target/release/libbluerdma_hugealloc.so` \
+    (`cargo build --release -p bluerdma-hugealloc`)";
+
 /// The command that grants a program the two capabilities registration needs.
 const SETCAP: &str = "sudo setcap cap_sys_admin,cap_ipc_lock+ep <program>";
 
@@ -111,7 +116,7 @@ impl fmt::Display for UmemError {
                 f,
                 "the {} KiB page at {:#x} is not physically contiguous: with {} KiB translation \
                  pages register hugetlb memory (mmap with MAP_HUGETLB, or a file on hugetlbfs; \
-                 `echo 512 > /proc/sys/vm/nr_hugepages` reserves 1 GiB)",
+                 `echo 512 > /proc/sys/vm/nr_hugepages` reserves 1 GiB); {HUGEALLOC_HINT}",
                 page.bytes() / 1024,
                 va.0,
                 page.bytes() / 1024
@@ -121,7 +126,7 @@ impl fmt::Display for UmemError {
                 "cannot pin {len:#x} bytes at {:#x} so that they stay put: it is not hugetlb \
                  memory and vm.compact_unevictable_allowed is 1, so memory compaction may move \
                  its frames under the card; run `sudo sysctl -w vm.compact_unevictable_allowed=0` \
-                 or register hugetlb memory",
+                 or register hugetlb memory ({HUGEALLOC_HINT})",
                 va.0
             ),
             UmemError::LockLimit { va, len, limit } => write!(
@@ -195,6 +200,17 @@ mod tests {
         }
         .to_string();
         assert!(moving.contains("sysctl -w vm.compact_unevictable_allowed=0"));
+        assert!(moving.contains("LD_PRELOAD=target/release/libbluerdma_hugealloc.so"));
+        let scattered = UmemError::NotContiguous {
+            va: VirtAddr(0x20_0000),
+            page: PageSize::Size2M,
+        }
+        .to_string();
+        assert!(scattered.contains("MAP_HUGETLB"), "{scattered}");
+        assert!(
+            scattered.contains("libbluerdma_hugealloc.so"),
+            "{scattered}"
+        );
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! The core sees only a [`PlatformError`]; the full error is logged and kept
 //! ([`HostUmem::last_error`]).
 //!
-//! The emulated card's resolver is platform-sim's, re-exported as [`EmulatedUmem`].
+//! The emulated card's resolver is platform-sim's, re-exported as `EmulatedUmem` (feature
+//! `emulator`).
 
 mod error;
 mod pagemap;
@@ -31,6 +32,7 @@ pub use vma::{backing, parse_maps, Backing, Vma};
 
 /// The emulated card's user-memory resolver (platform-sim): pinning enters the range into
 /// the emulated card's address map, translation is arithmetic.
+#[cfg(feature = "emulator")]
 pub use bluerdma_sim::mem::HostMemory as EmulatedUmem;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};

@@ -3,12 +3,14 @@
 //! `bluerdma-sim serve` runs one card in serve mode ([`bluerdma_sim::serve`]): it listens on
 //! the RTL simulator's CSR and DMA ports, so a driver built for the simulator talks to the
 //! model unchanged, and joins the Ethernet link named by `--link`. It runs until SIGINT or
-//! SIGTERM, then stops cleanly and prints the card's counters. `bluerdma-sim help` prints
-//! the options.
+//! SIGTERM, then stops cleanly and prints the card's counters. `bluerdma-sim pci-serve`
+//! serves a fake PCI card under a root directory instead ([`bluerdma_sim::pci`]): the
+//! driver opens it as `+pci;root=DIR`. `bluerdma-sim help` prints the options.
 
 use std::fmt;
 use std::io::{self, Write as _};
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -16,18 +18,28 @@ use std::time::{Duration, Instant};
 
 use bluerdma_sim::link::{LinkPort, UdpLink, UdpLinkConfig};
 use bluerdma_sim::model::NicConfig;
+use bluerdma_sim::pci::{FakePciCard, FakePciConfig};
 use bluerdma_sim::rtl::eth::{SOFT_SWITCH_PORT, TWO_CARD_PORT, TWO_CARD_RETRY};
 use bluerdma_sim::rtl::{BusWidth, DmaServerConfig, RetryPolicy, SoftSwitchLink, TwoCardLink};
 use bluerdma_sim::serve::{LoopbackLink, ServePorts, ServedCard};
 
 const USAGE: &str = "\
 usage: bluerdma-sim serve [OPTIONS]
+       bluerdma-sim pci-serve --root DIR [OPTIONS]
        bluerdma-sim help
 
-Runs the emulated NIC behind the RTL simulator's sockets (127.0.0.1 only) until SIGINT or
-SIGTERM.
+serve: runs the emulated NIC behind the RTL simulator's sockets (127.0.0.1 only) until
+SIGINT or SIGTERM.
 
-options:
+pci-serve: builds a fake PCI card's sysfs tree under DIR (BAR0 `resource0` and a u-dma-buf
+buffer, files the driver maps) and runs the emulated NIC behind it, doing DMA by physical
+address into the driver process (root only). The driver opens it as `+pci;root=DIR`.
+  --root DIR           the tree's root (required)
+  --bdf ADDRESS        the card's PCI address (default 0000:3b:00.0)
+  --udmabuf-mib N      the u-dma-buf buffer's size in MiB (default 8)
+  --link, --name, --strict, --log as for serve
+
+serve options:
   --inst N             simulator instance (default 1): CSR port 7700+N, DMA port 7002+N
   --csr-port P         CSR port instead of 7700+N (0 picks a free one)
   --dma-port P         DMA port instead of 7002+N (0 picks a free one)
@@ -84,9 +96,21 @@ impl Default for ServeArgs {
     }
 }
 
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PciServeArgs {
+    root: PathBuf,
+    bdf: String,
+    udmabuf_mib: u64,
+    link: LinkSpec,
+    name: String,
+    strict: bool,
+    log: log::LevelFilter,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Command {
     Serve(ServeArgs),
+    PciServe(PciServeArgs),
     Help,
 }
 
@@ -133,9 +157,49 @@ fn parse_link(spec: &str) -> Result<LinkSpec, String> {
     ))
 }
 
+fn parse_pci(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
+    let mut root = None;
+    let mut a = PciServeArgs {
+        root: PathBuf::new(),
+        bdf: "0000:3b:00.0".into(),
+        udmabuf_mib: 8,
+        link: LinkSpec::Loopback,
+        name: "blue-pci".into(),
+        strict: false,
+        log: log::LevelFilter::Info,
+    };
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--root" => root = Some(PathBuf::from(value()?)),
+            "--bdf" => a.bdf = value()?,
+            "--udmabuf-mib" => {
+                a.udmabuf_mib = number("--udmabuf-mib", &value()?)?;
+                if !(4..=1024).contains(&a.udmabuf_mib) {
+                    return Err("--udmabuf-mib: 4 to 1024 (the engine needs about 4 MiB)".into());
+                }
+            }
+            "--link" => a.link = parse_link(&value()?)?,
+            "--name" => a.name = value()?,
+            "--strict" => a.strict = true,
+            "--log" => {
+                let level = value()?;
+                a.log = level
+                    .parse()
+                    .map_err(|_| format!("--log: unknown level {level:?}"))?;
+            }
+            "-h" | "--help" => return Ok(Command::Help),
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    a.root = root.ok_or("pci-serve needs --root DIR")?;
+    Ok(Command::PciServe(a))
+}
+
 fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
     match args.next().as_deref() {
         Some("serve") => {}
+        Some("pci-serve") => return parse_pci(args),
         Some("help" | "-h" | "--help") | None => return Ok(Command::Help),
         Some(other) => return Err(format!("unknown command {other:?}")),
     }
@@ -268,12 +332,24 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         card.ports(),
         args.link
     ));
-    let mut last = card.nic().stats().snapshot();
+    run_until_stopped(|| card.nic().stats().snapshot());
+    let stats = card.nic().stats().snapshot();
+    let (csr, dma) = (card.csr_stats(), card.dma_stats());
+    drop(card);
+    say(format_args!("card counters: {stats}"));
+    say(format_args!("CSR {csr:?}"));
+    say(format_args!("DMA {dma:?}"));
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM, logging the card's counters when they change.
+fn run_until_stopped(stats: impl Fn() -> bluerdma_sim::model::NicStatsSnapshot) {
+    let mut last = stats();
     let mut last_report = Instant::now();
     while !STOP.load(Ordering::Relaxed) {
         thread::sleep(Duration::from_millis(100));
         if last_report.elapsed() >= Duration::from_secs(10) {
-            let now = card.nic().stats().snapshot();
+            let now = stats();
             if now != last {
                 log::info!("counters: {now}");
                 last = now;
@@ -282,12 +358,32 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         }
     }
     log::info!("stopping");
+}
+
+fn pci_serve(args: PciServeArgs) -> Result<(), String> {
+    let mut cfg = FakePciConfig::new(args.root);
+    cfg.bdf = args.bdf;
+    cfg.udmabuf_len = args.udmabuf_mib << 20;
+    cfg.nic = NicConfig {
+        name: args.name,
+        strict: args.strict,
+        ..NicConfig::default()
+    };
+    let link = open_link(args.link, 1).map_err(|e| format!("link: {e}"))?;
+    let card = FakePciCard::start(&cfg, link).map_err(|e| format!("cannot serve: {e}"))?;
+    let tree = card.tree();
+    say(format_args!(
+        "fake PCI card {} serving under {} (u-dma-buf {:#x}, {} bytes; link {:?})",
+        tree.bdf,
+        tree.root.display(),
+        tree.udmabuf_phys,
+        tree.udmabuf_len,
+        args.link
+    ));
+    run_until_stopped(|| card.nic().stats().snapshot());
     let stats = card.nic().stats().snapshot();
-    let (csr, dma) = (card.csr_stats(), card.dma_stats());
     drop(card);
     say(format_args!("card counters: {stats}"));
-    say(format_args!("CSR {csr:?}"));
-    say(format_args!("DMA {dma:?}"));
     Ok(())
 }
 
@@ -299,21 +395,27 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let args = match command {
+    let level = match &command {
         Command::Help => {
             let _ = io::stdout().write_all(USAGE.as_bytes());
             return ExitCode::SUCCESS;
         }
-        Command::Serve(args) => args,
+        Command::Serve(args) => args.log,
+        Command::PciServe(args) => args.log,
     };
     let logger = Box::leak(Box::new(StderrLogger {
         start: Instant::now(),
     }));
     if log::set_logger(logger).is_ok() {
-        log::set_max_level(args.log);
+        log::set_max_level(level);
     }
     install_signal_handlers();
-    match serve(args) {
+    let result = match command {
+        Command::Serve(args) => serve(args),
+        Command::PciServe(args) => pci_serve(args),
+        Command::Help => Ok(()),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bluerdma-sim: {e}");
@@ -391,5 +493,19 @@ mod tests {
         assert!(err("serve --driver-wait -1").contains("--driver-wait"));
         assert!(err("serve --frobnicate").contains("--frobnicate"));
         assert!(err("launch").contains("launch"));
+        assert!(err("pci-serve").contains("needs --root"));
+        assert!(err("pci-serve --root /x --udmabuf-mib 2").contains("4 to 1024"));
+    }
+
+    #[test]
+    fn pci_serve_takes_its_root_and_the_link() {
+        let Ok(Command::PciServe(a)) =
+            parse_words("pci-serve --root /tmp/card --link udp:127.0.0.9 --udmabuf-mib 16")
+        else {
+            panic!("not parsed");
+        };
+        assert_eq!(a.root, PathBuf::from("/tmp/card"));
+        assert_eq!(a.link, LinkSpec::Udp(Ipv4Addr::new(127, 0, 0, 9), 4791));
+        assert_eq!((a.udmabuf_mib, a.bdf.as_str()), (16, "0000:3b:00.0"));
     }
 }

@@ -1,0 +1,139 @@
+//! The progress thread of a [`Context`](super::Context): it polls the engine, spinning while
+//! there is work and backing off to short sleeps (never past a timer deadline) when there
+//! is none, hands received simple-NIC frames to the raw handler, and fires armed CQs'
+//! events, both without the device lock.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use super::{CqInner, Engine, Inner};
+
+/// Frames taken from the engine under its lock, handed to the raw handler after it.
+#[derive(Default)]
+struct RawBatch {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl RawBatch {
+    /// Copies the frames the engine holds (when a handler wants them); returns how many.
+    fn take(&mut self, inner: &Inner, dev: &mut Engine) -> usize {
+        self.bytes.clear();
+        self.ends.clear();
+        if !inner.raw_wanted.load(Ordering::Acquire) {
+            return 0;
+        }
+        dev.take_raw_frames(&mut |f| {
+            self.bytes.extend_from_slice(f);
+            self.ends.push(self.bytes.len());
+        })
+    }
+
+    /// Runs the handler on every frame taken, once: the batch is empty afterwards (a round
+    /// that could not take the engine lock must not hand the last batch over again; it did,
+    /// and a UD receiver got a datagram twice).
+    fn deliver(&mut self, inner: &Inner) {
+        if self.ends.is_empty() {
+            return;
+        }
+        {
+            let mut h = inner.raw.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(h) = h.as_mut() {
+                let mut start = 0;
+                for &end in &self.ends {
+                    h(&self.bytes[start..end]);
+                    start = end;
+                }
+            }
+        }
+        self.bytes.clear();
+        self.ends.clear();
+    }
+}
+
+pub(super) fn progress_loop(inner: &Inner) {
+    let mut idle_rounds = 0u32;
+    let mut raw = RawBatch::default();
+    while !inner.stop.load(Ordering::Acquire) {
+        let now = inner.now();
+        // try_lock: an application thread inside a verb drives progress itself; the progress
+        // thread never makes it wait (on two cores a contended lock costs more than a poll).
+        let mut fire = Vec::new();
+        let mut round = |dev: &mut Engine| {
+            let w = dev.poll(now);
+            let frames = raw.take(inner, dev);
+            collect_events(inner, dev, &mut fire);
+            (w || frames > 0, dev.next_deadline())
+        };
+        let polled = match inner.dev.try_lock() {
+            Ok(mut dev) => Some(round(&mut dev)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(round(&mut p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        // The raw handler and event callbacks run without the engine lock.
+        raw.deliver(inner);
+        for cq in fire {
+            if let Some(f) = cq.notify.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                f();
+            }
+        }
+        let Some((work, deadline)) = polled else {
+            thread::yield_now();
+            continue;
+        };
+        if work {
+            idle_rounds = 0;
+            continue;
+        }
+        idle_rounds = idle_rounds.saturating_add(1);
+        if idle_rounds < 64 {
+            // A reply or an ACK usually follows within microseconds: stay close, but let
+            // the card's threads run.
+            thread::yield_now();
+            continue;
+        }
+        // Back off: 20 us doubling to 1 ms, never past a retransmission deadline.
+        let backoff =
+            Duration::from_micros(20u64 << (idle_rounds - 64).min(6)).min(Duration::from_millis(1));
+        let until_deadline = deadline
+            .map(|d| Duration::from_nanos(d.0.saturating_sub(inner.now().0)))
+            .unwrap_or(backoff);
+        let (lock, cv) = &inner.kick;
+        let Ok(guard) = lock.lock() else { return };
+        let (mut kicked, _) = cv
+            .wait_timeout_while(guard, backoff.min(until_deadline), |k| !*k)
+            .unwrap_or_else(|e| e.into_inner());
+        if *kicked {
+            *kicked = false;
+            idle_rounds = 0;
+        }
+    }
+}
+
+/// Moves the completions of every armed CQ out of the engine into the CQ's stash; a CQ that
+/// has any is disarmed and returned in `fire` (level-triggered: a completion already queued
+/// when the CQ was armed fires too, so an event is never lost between a poll and an arm).
+fn collect_events(inner: &Inner, dev: &mut Engine, fire: &mut Vec<Arc<CqInner>>) {
+    let mut armed = inner.armed.lock().unwrap_or_else(|e| e.into_inner());
+    if armed.is_empty() {
+        return;
+    }
+    armed.retain(|w| {
+        let Some(cq) = w.upgrade() else { return false };
+        if !cq.armed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut stash = cq.stash.lock().unwrap_or_else(|e| e.into_inner());
+        cq.pull(dev, &mut stash);
+        if stash.is_empty() {
+            return true;
+        }
+        // Cq::push may have fired and disarmed it meanwhile.
+        if cq.armed.swap(false, Ordering::AcqRel) {
+            fire.push(Arc::clone(&cq));
+        }
+        false
+    });
+}
