@@ -101,7 +101,11 @@ const RECV_WR_RECORD: &str = "01 02 03 04 05 06 07 08 | 00 00 7f 12 34 60 00 40
     00 01 00 00 | 00 1f fe a6 | 00 01 23 ab | 00 00 00 00";
 const RECV_TOO_SHORT_RECORD: &str = "01 02 03 04 05 06 07 08 | 00 00 00 00 00 00 00 00
     00 00 00 65 | 00 00 00 00 | 00 01 23 ab | 00 00 00 01";
-const HELLO: &str = "42 52 44 4d | 00 01 | 00 00 | 00 00 00 03 | 11 22 33 0a";
+const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 03 | 11 22 33 0a
+    00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f";
+/// The proof that follows a hello (32 opaque bytes; golden_wire.rs).
+const PROOF: &str = "a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5
+    a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5";
 
 fn cat(parts: &[&str]) -> Vec<u8> {
     parts.iter().flat_map(|p| hex(p)).collect()
@@ -149,7 +153,7 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     for _ in 0..16 {
         pgt.extend(hex(PGT_ENTRY_0X123400000));
     }
-    let stream = cat(&[HELLO, RECV_WR_RECORD, RECV_TOO_SHORT_RECORD, RECV_WR_RECORD]);
+    let stream = cat(&[HELLO, PROOF, RECV_WR_RECORD, RECV_TOO_SHORT_RECORD, RECV_WR_RECORD]);
     let records = cat(&[RECV_WR_RECORD, RECV_TOO_SHORT_RECORD]);
     let mem_write = format!(
         r#"{{"type": "mem_write", "channel_id": 0, "address": 4096, "data": {:?}, "length": 32}}"#,
