@@ -28,6 +28,7 @@
 //!
 //! `cargo xtask ci` runs it with 2 nodes as one row ([`ci_row`]; not with `--quick`).
 
+use crate::backends::is_root;
 use super::Row;
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -222,15 +223,6 @@ fn run(root: &Path, opts: &Opts) -> Result<Vec<Step>, String> {
     drop(cluster);
     print_report(&steps, opts.nodes, start, &dir);
     Ok(steps)
-}
-
-fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1).map(|euid| euid == "0"))
-            .unwrap_or(false)
-    })
 }
 
 /// Whether dpkg says `pkg` is installed (when there is no dpkg, its probe binary decides).

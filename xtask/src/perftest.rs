@@ -376,14 +376,7 @@ pub(crate) fn apt_install(tag: &str, packages: &[&str], timeout: Duration) -> Re
              the system's package manager"
         ));
     }
-    let root_user = fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|euid| euid == "0"))
-        })
-        .unwrap_or(false);
+    let root_user = crate::backends::is_root();
     let sudo: &[&str] = if root_user { &[] } else { &["sudo", "-n"] };
     let apt = |args: &[&str]| -> Result<(), String> {
         let mut argv: Vec<&str> = sudo.to_vec();
