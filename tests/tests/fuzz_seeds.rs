@@ -153,7 +153,13 @@ fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
     for _ in 0..16 {
         pgt.extend(hex(PGT_ENTRY_0X123400000));
     }
-    let stream = cat(&[HELLO, PROOF, RECV_WR_RECORD, RECV_TOO_SHORT_RECORD, RECV_WR_RECORD]);
+    let stream = cat(&[
+        HELLO,
+        PROOF,
+        RECV_WR_RECORD,
+        RECV_TOO_SHORT_RECORD,
+        RECV_WR_RECORD,
+    ]);
     let records = cat(&[RECV_WR_RECORD, RECV_TOO_SHORT_RECORD]);
     let mem_write = format!(
         r#"{{"type": "mem_write", "channel_id": 0, "address": 4096, "data": {:?}, "length": 32}}"#,

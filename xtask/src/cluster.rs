@@ -28,8 +28,8 @@
 //!
 //! `cargo xtask ci` runs it with 2 nodes as one row ([`ci_row`]; not with `--quick`).
 
-use crate::backends::is_root;
 use super::Row;
+use crate::backends::is_root;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -248,7 +248,12 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     if std::env::var_os("BLUERDMA_CI_INSTALLED").is_some() {
         println!("ci: install: done by .ci/run");
     } else if backends::is_root() {
-        rows.push(check(root, &logs, "install (.ci/install)", "bash .ci/install"));
+        rows.push(check(
+            root,
+            &logs,
+            "install (.ci/install)",
+            "bash .ci/install",
+        ));
     } else {
         println!(
             "ci: install: not root, so nothing is installed; the checks that need a missing \
