@@ -346,10 +346,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     return false;
                 };
                 if let Err(e) = r {
-                    core_error!(
-                        "QP {:#x} in ERR could not be invalidated in the card: {}",
+                    let (timeout, qpn) = (
+                        matches!(e, VerbsError::CommandTimeout { .. }),
                         self.qp(i).attrs.qpn.get(),
-                        e
+                    );
+                    core_error!(
+                        "QP {:#x} in ERR could not be invalidated in the card (timed out: {}): its packets may still be taken",
+                        qpn,
+                        timeout
                     );
                 }
                 self.qp(i).card = CardEntry::Current;

@@ -238,7 +238,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             core_warn!(
                 "QP {:#x}: a message that consumes a receive WR arrived with none posted (state {}): no completion",
                 qpn.get(),
-                state
+                state.to_ibv()
             );
             return;
         };
