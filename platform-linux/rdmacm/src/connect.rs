@@ -224,8 +224,7 @@ pub unsafe extern "C" fn cm_rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnP
                 qkey: RDMA_UDP_QKEY,
                 private,
             };
-            cm.send(conn, &Msg::SidrRep(rep));
-            cm.close(conn);
+            crate::reactor::send_last(cm, conn, &Msg::SidrRep(rep));
         } else {
             e.state = St::Accepted;
             let mine = e.mine;
@@ -280,9 +279,7 @@ fn reject(id: *mut RdmaCmId, data: *const c_void, len: u8, reason: u16) -> c_int
         } else {
             Msg::Rej(wire::Rej { reason, private })
         };
-        cm.send(conn, &msg);
-        cm.close(conn);
-        crate::reactor::wake();
+        crate::reactor::send_last(cm, conn, &msg);
         Ok(0)
     }))
 }
