@@ -8,7 +8,7 @@
 //! - `rdmacm.map`: the version nodes with the installed inheritance chain;
 //! - `symver.s`: one `.symver cm_<name>, <name>@@<node>` per installed symbol;
 //! - `stubs.rs`: `cm_<name>` for every installed symbol the sources do not implement (the
-//!   rsocket calls, multicast, ECE); each logs once that it is not supported and fails with
+//!   rsocket calls, multicast); each logs once that it is not supported and fails with
 //!   -1 and errno ENOSYS.
 //!
 //! The sources implement a symbol by defining `fn cm_<name>`. Without a readable installed

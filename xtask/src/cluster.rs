@@ -20,8 +20,10 @@
 //!    domain `bluerdma0` must be listed); `ucx_perftest` UCT put_bw and get over rc_verbs on
 //!    `bluerdma0:1` and UCP tag_bw, 1 MiB, node0 serving node1; `tests/mpi/mpitest.c` under
 //!    mpirun with one rank per node (`pml ucx`, `osc ucx`), whose UCX log must show
-//!    `ep_cfg` lines with `rc_verbs/bluerdma0`. Then the same UCX and MPI runs over UCX's TCP
-//!    transport, for comparison. One table, non-zero exit if any step failed, with the tail
+//!    `ep_cfg` lines with `rc_verbs/bluerdma0`; `tests/mpi/ucp_sockaddr.c`, a UCP
+//!    client/server connected by socket address through UCX's rdmacm connection manager
+//!    over the librdmacm.so.1 stand-in ([`sockaddr`]). Then the same UCX and MPI runs over
+//!    UCX's TCP transport (and TCP CM), for comparison. One table, non-zero exit if any step failed, with the tail
 //!    of each failed step's log.
 //! 4. Tears everything down (the [`Cluster`] guard's Drop, a watchdog process that does it
 //!    if xtask dies or is interrupted, and the removal of a crashed run's leftovers first).
@@ -39,6 +41,8 @@ use std::time::{Duration, Instant};
 
 use super::perftest::{self, Exit, Proc};
 
+mod sockaddr;
+
 /// Every name this harness creates starts with it: the bridge, the namespaces, the veths.
 const PREFIX: &str = "bvcl-";
 const BRIDGE: &str = "bvcl-br0";
@@ -50,9 +54,10 @@ const MAX_NODES: usize = 200;
 const DEVICE: &str = "bluerdma0";
 const DEV_NAME: &str = "uverbs0";
 /// Debian packages, and a file each installs that says whether it is there.
-const PACKAGES: [(&str, &str); 6] = [
+const PACKAGES: [(&str, &str); 7] = [
     ("libucx0", "ucx"),
     ("ucx-utils", "ucx_perftest"),
+    ("libucx-dev", "ucx_info"),
     ("openmpi-bin", "mpirun"),
     ("libopenmpi-dev", "mpicc"),
     ("iproute2", "ip"),
@@ -75,9 +80,11 @@ usage: cargo xtask cluster [N] [--timeout SECS]
 
 N emulated nodes (default 2) in network, IPC, PID, UTS and mount namespaces on a bridge
 (10.77.0.0/24), each with the blue-rdma stand-in libibverbs (device bluerdma0 at
-10.77.0.(10+i)); runs ucx_info, ucx_perftest (UCT put_bw/get on rc_verbs, UCP tag_bw) and an
-MPI test (pml ucx) over the emulated NIC, then the same over UCX's TCP transport. Needs root;
-installs libucx0 ucx-utils openmpi-bin libopenmpi-dev iproute2 util-linux if missing.
+10.77.0.(10+i)); runs ucx_info, ucx_perftest (UCT put_bw/get on rc_verbs, UCP tag_bw), an
+MPI test (pml ucx) and a UCP client/server connected through UCX's rdmacm CM (over the
+librdmacm stand-in) on the emulated NIC, then the same over UCX's TCP transport. Needs root;
+installs libucx0 ucx-utils libucx-dev openmpi-bin libopenmpi-dev iproute2 util-linux if
+missing.
 Everything it creates is removed at the end (also after Ctrl-C).
 
 options:
@@ -196,7 +203,22 @@ fn run(root: &Path, opts: &Opts) -> Result<Vec<Step>, String> {
     let dir = root.join("target").join("xtask").join("cluster");
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let mpitest = dir.join("mpitest");
-    let compile = compile_mpitest(root, &mpitest, &dir, opts.timeout);
+    let mpicc = compile(
+        root,
+        ["mpicc", "mpi", "mpitest"],
+        &mpitest,
+        &[],
+        opts.timeout,
+    );
+    let ucp_sockaddr = dir.join("ucp_sockaddr");
+    let compile_sockaddr = compile(
+        root,
+        ["cc", "mpi", "ucp_sockaddr"],
+        &ucp_sockaddr,
+        &["-lucp", "-lucs"],
+        opts.timeout,
+    );
+    let sockaddr_built = compile_sockaddr.ok();
 
     if leftovers() {
         println!("cluster: removing the leftovers of an earlier run");
@@ -204,7 +226,7 @@ fn run(root: &Path, opts: &Opts) -> Result<Vec<Step>, String> {
     }
     check_subnet_free()?;
     let cluster = Cluster::up(opts.nodes, &dir, &lib_dir)?;
-    let mut steps = vec![compile];
+    let mut steps = vec![mpicc, compile_sockaddr];
     let ctx = StepCtx {
         cluster: &cluster,
         dir: &dir,
@@ -218,6 +240,7 @@ fn run(root: &Path, opts: &Opts) -> Result<Vec<Step>, String> {
             steps.push(ctx.ucx_pair(transport, "get", port + 1));
         }
         steps.push(ctx.ucx_pair(transport, "tag_bw", port + 2));
+        steps.push(ctx.ucp_sockaddr(transport, &ucp_sockaddr, sockaddr_built, port + 3));
         steps.push(ctx.mpirun(transport, &mpitest, steps[0].ok()));
     }
     drop(cluster);
@@ -650,18 +673,29 @@ fn children(pid: u32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-fn compile_mpitest(root: &Path, out: &Path, dir: &Path, timeout: Duration) -> Step {
-    let src = root.join("tests").join("mpi").join("mpitest.c");
-    let mut c = Command::new("mpicc");
-    c.args(["-O2", "-Wall", "-o"]).arg(out).arg(&src);
-    let log = dir.join("mpicc.log");
-    let command = format!("mpicc -O2 -Wall -o {} {}", out.display(), src.display());
+/// Compiles `tests/<folder>/<name>.c` with `compiler` into `out` (its log beside `out`).
+fn compile(
+    root: &Path,
+    [compiler, folder, name]: [&str; 3],
+    out: &Path,
+    libs: &[&str],
+    timeout: Duration,
+) -> Step {
+    let src = root.join("tests").join(folder).join(format!("{name}.c"));
+    let mut c = Command::new(compiler);
+    c.args(["-O2", "-Wall", "-o"]).arg(out).arg(&src).args(libs);
+    let log = out.with_extension("cc.log");
+    let command = format!(
+        "{compiler} -O2 -Wall -o {} {} {}",
+        out.display(),
+        src.display(),
+        libs.join(" ")
+    );
     println!("cluster: {command}");
     let mut p = perftest::spawn_logged(c, &log);
     perftest::wait_all(std::slice::from_mut(&mut p), Instant::now() + timeout);
-    Step::new("mpicc mpitest.c", "root", &p, log, command, |_| {
-        Ok(Figure::default())
-    })
+    let label = format!("{compiler} {name}.c");
+    Step::new(&label, "root", &p, log, command, |_| Ok(Figure::default()))
 }
 
 /// Over which transport a step runs.
@@ -706,7 +740,7 @@ impl Transport {
 }
 
 /// The measured figures of a step.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Figure {
     text: String,
     /// MB/s (10^6 B/s).
@@ -828,43 +862,18 @@ impl StepCtx<'_> {
             "cluster: node0 serves, node1: UCX_TLS={} {command}",
             t.ucx_tls()
         );
-        let (slog, clog) = (
-            self.log(&format!("{label} server")),
-            self.log(&format!("{label} client")),
-        );
-        let deadline = Instant::now() + self.timeout;
         let mut server = self.cluster.command(0, "ucx_perftest", &args);
         env(&mut server);
-        let mut procs = vec![perftest::spawn_logged(server, &slog)];
-        while !procs[0].poll() && !self.cluster.listening(0, port) && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(20));
-        }
-        if procs[0].exit.is_none() && self.cluster.listening(0, port) {
-            let mut client = self.cluster.command(1, "ucx_perftest", &client_args);
-            env(&mut client);
-            procs.push(perftest::spawn_logged(client, &clog));
-        } else {
-            let _ = fs::copy(&slog, &clog);
-            procs.push(Proc::failed_to_start());
-        }
-        perftest::wait_all(&mut procs, deadline);
-        self.cluster.reap();
-        let server_step = Step::new(&label, "node0", &procs[0], slog, String::new(), |_| {
-            Ok(Figure::default())
-        });
-        let mut step = Step::new(&label, "node0+1", &procs[1], clog, command, |out| {
-            examine_perftest(out, test, ucp.then(|| t.ep_cfg_proof()))
-        });
-        // The client's row; a failed server is reported through it, with its log.
-        if !server_step.ok() && step.ok() {
-            step.exit = server_step.exit;
-            step.log = server_step.log;
-        } else if !server_step.ok() && procs[1].exit == Some(Exit::NoStart) {
-            step.exit = server_step.exit;
-            step.problem = Some("the server ended before it listened".into());
-            step.log = server_step.log;
-        }
-        step
+        let mut client = self.cluster.command(1, "ucx_perftest", &client_args);
+        env(&mut client);
+        self.pair(
+            &label,
+            (server, client),
+            command,
+            |_| self.cluster.listening(0, port),
+            |_| Ok(Figure::default()),
+            |out| examine_perftest(out, test, ucp.then(|| t.ep_cfg_proof())),
+        )
     }
 
     /// mpitest under mpirun, one rank per node.
@@ -1077,6 +1086,7 @@ fn print_report(steps: &[Step], nodes: usize, start: Instant, dir: &Path) {
             (|f: &Figure| f.bw) as fn(&Figure) -> Option<f64>,
         ),
         ("UCP tag_bw 1 MiB MB/s", "UCP tag_bw", |f: &Figure| f.bw),
+        ("UCP sockaddr 4 MiB MB/s", "UCP sockaddr", |f: &Figure| f.bw),
         ("MPI ping-pong 8 B usec", "MPI mpitest", |f: &Figure| f.lat),
         ("MPI ping-pong 8 MiB MB/s", "MPI mpitest", |f: &Figure| f.bw),
     ] {

@@ -208,6 +208,15 @@ pub struct IbvQpCap {
     pub max_inline_data: u32,
 }
 
+/// `struct ibv_ece` (12 bytes): enhanced connection establishment options.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct IbvEce {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
 /// `struct ibv_qp_init_attr` (64 bytes).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -484,6 +493,7 @@ layout! {
         "pkey_index" pkey_index = 120, "max_rd_atomic" max_rd_atomic = 126,
         "min_rnr_timer" min_rnr_timer = 128, "rnr_retry" rnr_retry = 132, "rate_limit" rate_limit = 136,
     }
+    "ibv_ece" IbvEce = 12 { "options" options = 4, "comp_mask" comp_mask = 8 }
     "ibv_qp_init_attr" IbvQpInitAttr = 64 { "cap" cap = 32, "qp_type" qp_type = 52, "sq_sig_all" sq_sig_all = 56 }
     "ibv_qp_init_attr_ex" IbvQpInitAttrEx = 136 { "comp_mask" comp_mask = 60, "pd" pd = 64 }
     "ibv_qp" IbvQp { "qp_num" qp_num = 52, "qp_type" qp_type = 60 }

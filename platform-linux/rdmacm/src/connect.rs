@@ -1,5 +1,6 @@
 //! The connection calls: `rdma_connect`, `rdma_accept`, `rdma_reject`, `rdma_disconnect`,
-//! `rdma_establish` and `rdma_notify`.
+//! `rdma_establish` and `rdma_notify`, and the ECE options an id sends in its REQ or REP
+//! (`rdma_set_local_ece`) and received in the peer's (`rdma_get_remote_ece`).
 //!
 //! Each checks the id's state, queues its CM message for the CM thread and, for a
 //! synchronous id, waits for the outcome. The passive side moves its QP to RTR and RTS in
@@ -113,6 +114,7 @@ pub unsafe extern "C" fn cm_rdma_connect(id: *mut RdmaCmId, param: *mut RdmaConn
                 retry_count: p.map_or(7, |p| p.retry_count),
                 rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
                 srq: p.map_or(0, |p| p.srq),
+                ..e.mine
             };
             e.mine = mine;
             Msg::Req(wire::Req {
@@ -194,6 +196,7 @@ pub unsafe extern "C" fn cm_rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnP
                 retry_count: req.retry_count,
                 rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count),
                 srq: p.map_or(0, |p| p.srq),
+                ..e.mine
             };
         }
         Ok((private, qpn, e.ud, crate::qp::plan(e)))
@@ -221,8 +224,7 @@ pub unsafe extern "C" fn cm_rdma_accept(id: *mut RdmaCmId, param: *mut RdmaConnP
                 qkey: RDMA_UDP_QKEY,
                 private,
             };
-            cm.send(conn, &Msg::SidrRep(rep));
-            cm.close(conn);
+            crate::reactor::send_last(cm, conn, &Msg::SidrRep(rep));
         } else {
             e.state = St::Accepted;
             let mine = e.mine;
@@ -277,9 +279,7 @@ fn reject(id: *mut RdmaCmId, data: *const c_void, len: u8, reason: u16) -> c_int
         } else {
             Msg::Rej(wire::Rej { reason, private })
         };
-        cm.send(conn, &msg);
-        cm.close(conn);
-        crate::reactor::wake();
+        crate::reactor::send_last(cm, conn, &msg);
         Ok(0)
     }))
 }
@@ -364,4 +364,58 @@ pub unsafe extern "C" fn cm_rdma_establish(id: *mut RdmaCmId) -> c_int {
 pub unsafe extern "C" fn cm_rdma_notify(id: *mut RdmaCmId, _event: c_int) -> c_int {
     // The RTU always arrives over the CM connection: nothing to learn from QP events.
     ret(with_entry(id, |_, _| Ok(0)))
+}
+
+/// The ECE options this id's REQ or REP carries. As in rdma-core, only for an id without a
+/// QP (the program manages its QP and its ECE), and a vendor ID of 0 or a comp_mask is
+/// EINVAL.
+#[no_mangle]
+pub unsafe extern "C" fn cm_rdma_set_local_ece(id: *mut RdmaCmId, ece: *mut IbvEce) -> c_int {
+    // SAFETY: NULL or the caller's ibv_ece.
+    let Some(ece) = (unsafe { ece.as_ref() }).copied() else {
+        return err(libc::EINVAL);
+    };
+    if ece.vendor_id == 0 || ece.comp_mask != 0 {
+        return err(libc::EINVAL);
+    }
+    ret(with_entry(id, |cm, t| {
+        // SAFETY: a live id (with_entry checked it).
+        if !unsafe { (*id).qp }.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let e = cm.ids.get_mut(&t).expect("checked");
+        e.mine.ece_vendor_id = ece.vendor_id;
+        e.mine.ece_options = ece.options;
+        Ok(0)
+    }))
+}
+
+/// The ECE options of the peer's REQ (a connect request's id) or REP (an active id once
+/// it has the reply); vendor ID 0 before that, or when the peer set none. EINVAL for an id
+/// with a QP, as in rdma-core.
+#[no_mangle]
+pub unsafe extern "C" fn cm_rdma_get_remote_ece(id: *mut RdmaCmId, ece: *mut IbvEce) -> c_int {
+    if ece.is_null() {
+        return err(libc::EINVAL);
+    }
+    let r = with_entry(id, |cm, t| {
+        // SAFETY: a live id (with_entry checked it).
+        if !unsafe { (*id).qp }.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let peer = cm.ids[&t].peer.unwrap_or_default();
+        Ok(IbvEce {
+            vendor_id: peer.ece_vendor_id,
+            options: peer.ece_options,
+            comp_mask: 0,
+        })
+    });
+    match r {
+        Ok(v) => {
+            // SAFETY: the caller's ibv_ece (checked non-NULL).
+            unsafe { ece.write(v) };
+            0
+        }
+        Err(e) => err(e),
+    }
 }

@@ -14,7 +14,8 @@
 //!   12 times that once it said the application is deciding) ends in
 //!   `RDMA_CM_EVENT_UNREACHABLE`.
 //! - Every symbol the installed librdmacm exports is exported at its version node (see
-//!   build.rs); rsockets, multicast and ECE fail with ENOSYS and a log line.
+//!   build.rs); rsockets and multicast fail with ENOSYS and a log line. ECE options set with
+//!   `rdma_set_local_ece` travel in the REQ and REP to the peer's `rdma_get_remote_ece`.
 //! - `BLUERDMA_LOG=error|warn|info|debug` sets what is printed on stderr (default warn).
 
 // Exported functions take raw pointers from C callers; each follows its librdmacm man page

@@ -109,8 +109,7 @@ pub(crate) fn connect_response(ev: &mut EventBox) {
                     reason: wire::reason::CONSUMER_DEFINED,
                     private: vec![],
                 };
-                cm.send(c, &Msg::Rej(rej));
-                cm.close(c);
+                crate::reactor::send_last(&mut cm, c, &Msg::Rej(rej));
             }
         }
         (Ok(()), Some(errno)) => {

@@ -241,6 +241,17 @@ fn accept_all(cm: &mut Cm, ip: Ipv4Addr) {
     }
 }
 
+/// Queues `msg` as the last message of `conn` and writes it from the calling thread at
+/// once, as far as the socket takes it: a program that rejects a request (or answers a UD
+/// one) and exits right away still gets its answer out, as with the kernel's CM. What the
+/// socket does not take, the CM thread sends before it closes the connection.
+pub(crate) fn send_last(cm: &mut Cm, conn: Token, msg: &Msg) {
+    cm.send(conn, msg);
+    cm.close(conn);
+    flush(cm, conn);
+    wake();
+}
+
 /// Sends what every connection has queued, as far as the sockets take it.
 fn flush_all(cm: &mut Cm) {
     let tokens: Vec<Token> = cm.conns.keys().copied().collect();

@@ -1,9 +1,8 @@
 //! What an exported but unsupported call does: log once that it is not supported, set
 //! errno to ENOSYS and return -1. build.rs generates one per symbol of the installed
-//! librdmacm this crate does not implement: the rsocket calls (`rsocket`, `rsend`, ...),
-//! multicast (`rdma_join_multicast*`, `rdma_leave_multicast`) and ECE
-//! (`rdma_set_local_ece`, `rdma_get_remote_ece`). Every one of them returns an int, a
-//! `ssize_t` or an `off_t`; -1 in a 64-bit register is -1 in each.
+//! librdmacm this crate does not implement: the rsocket calls (`rsocket`, `rsend`, ...)
+//! and multicast (`rdma_join_multicast*`, `rdma_leave_multicast`). Every one of them
+//! returns an int, a `ssize_t` or an `off_t`; -1 in a 64-bit register is -1 in each.
 
 use std::collections::HashSet;
 use std::sync::Mutex;

@@ -4,10 +4,13 @@
 //! Every message is an 8-byte header and a body:
 //!
 //! ```text
-//! 0..4  magic "BRCM"    4  version (1)    5  kind    6..8  body length (big-endian)
+//! 0..4  magic "BRCM"    4  version (2)    5  kind    6..8  body length (big-endian)
 //! ```
 //!
-//! The body is at most [`MAX_BODY`] bytes; fields are big-endian; private data is a length
+//! The body is at most [`MAX_BODY`] bytes; fields are big-endian. REQ and REP carry the
+//! connection parameters ([`Params`]: QPN, PSN, MTU, six one-byte fields, then the sender's
+//! ECE vendor ID and options, as the IB CM's REQ and REP do; version 1 had no ECE). Private
+//! data is a length
 //! byte and that many bytes, at most what the IB spec leaves the consumer (REQ 56 after the
 //! rdma_cm header, REP 196, REJ 148, SIDR REQ 180, SIDR REP 136). [`decode`] checks the
 //! length once and never panics: a stream that is not this protocol, a newer version, an
@@ -17,7 +20,7 @@
 use std::fmt;
 
 pub const MAGIC: [u8; 4] = *b"BRCM";
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER: usize = 8;
 pub const MAX_BODY: usize = 512;
 
@@ -59,6 +62,10 @@ pub struct Params {
     pub retry_count: u8,
     pub rnr_retry_count: u8,
     pub srq: u8,
+    /// The sender's enhanced connection establishment options (`struct ibv_ece`):
+    /// vendor ID 0 is "none".
+    pub ece_vendor_id: u32,
+    pub ece_options: u32,
 }
 
 /// A connect request: the target's port in the listener's port space.
@@ -216,6 +223,8 @@ fn put_params(out: &mut Vec<u8>, p: &Params) {
         p.rnr_retry_count,
         p.srq,
     ]);
+    out.extend_from_slice(&p.ece_vendor_id.to_be_bytes());
+    out.extend_from_slice(&p.ece_options.to_be_bytes());
 }
 
 /// A cursor over a body whose length was checked; every read fails instead of panicking.
@@ -287,6 +296,8 @@ impl<'a> Body<'a> {
             retry_count: self.u8("retry count")?,
             rnr_retry_count: self.u8("RNR retry count")?,
             srq: self.u8("SRQ")?,
+            ece_vendor_id: self.u32("ECE vendor ID")?,
+            ece_options: self.u32("ECE options")?,
         })
     }
     fn end(&self) -> Result<(), DecodeError> {
@@ -385,6 +396,8 @@ mod tests {
             retry_count: 7,
             rnr_retry_count: 6,
             srq: 0,
+            ece_vendor_id: 0x15b3,
+            ece_options: 0x8000_0001,
         }
     }
 
@@ -439,10 +452,11 @@ mod tests {
         assert_eq!(
             out,
             [
-                b'B', b'R', b'C', b'M', 1, 1, 0, 23, // header: 23-byte body
+                b'B', b'R', b'C', b'M', 2, 1, 0, 31, // header: 31-byte body
                 0x01, 0x06, 0x1c, 0x06, 0x9c, 0x40, // ps, dst port 7174, src port
                 0, 0x12, 0x34, 0x56, 0, 0xAB, 0xCD, 0xEF, // QPN, PSN
                 5, 1, 2, 1, 7, 6, 0, // mtu .. srq
+                0, 0, 0x15, 0xb3, 0x80, 0, 0, 1, // ECE vendor ID, options
                 1, 0xAA, // private data
             ]
         );
@@ -467,15 +481,20 @@ mod tests {
             Err(DecodeError::BadMagic(*b"GET "))
         );
         assert_eq!(
-            decode(b"BRCM\x02\x01\x00\x00"),
-            Err(DecodeError::Version(2))
+            decode(b"BRCM\x03\x01\x00\x00"),
+            Err(DecodeError::Version(3))
+        );
+        // Version 1 (no ECE in REQ and REP) is not spoken either.
+        assert_eq!(
+            decode(b"BRCM\x01\x01\x00\x16"),
+            Err(DecodeError::Version(1))
         );
         assert_eq!(
-            decode(b"BRCM\x01\x0a\x00\x00"),
+            decode(b"BRCM\x02\x0a\x00\x00"),
             Err(DecodeError::UnknownKind(10))
         );
         assert_eq!(
-            decode(b"BRCM\x01\x01\x02\x01"),
+            decode(b"BRCM\x02\x01\x02\x01"),
             Err(DecodeError::TooLong(513))
         );
         // A REQ whose private data claims 57 bytes.
@@ -501,7 +520,7 @@ mod tests {
         );
         // An RTU with a body.
         assert_eq!(
-            decode(b"BRCM\x01\x05\x00\x01\x00"),
+            decode(b"BRCM\x02\x05\x00\x01\x00"),
             Err(DecodeError::Body {
                 kind: 5,
                 what: "length (trailing bytes)"
@@ -534,11 +553,12 @@ mod tests {
         #[test]
         fn encoded_requests_decode_to_themselves(
             qpn in 0u32..0x100_0000, psn in 0u32..0x100_0000, mtu in 1u8..6,
+            ece_vendor_id in any::<u32>(), ece_options in any::<u32>(),
             private in proptest::collection::vec(any::<u8>(), 0..=56),
         ) {
             let m = Msg::Req(Req {
                 ps: 0x106, dst_port: 1, src_port: 2,
-                params: Params { qpn, psn, mtu, ..Params::default() },
+                params: Params { qpn, psn, mtu, ece_vendor_id, ece_options, ..Params::default() },
                 private,
             });
             let mut out = Vec::new();

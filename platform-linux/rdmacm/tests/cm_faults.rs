@@ -2,7 +2,7 @@
 //! the IB spec's sizes, rejections and their reasons, nobody listening, garbage and
 //! half-open connections on the CM port, a peer that never answers, peers that die in the
 //! middle of the handshake, disconnects from either side, UD ids, the event channel's fd
-//! and `rdma_migrate_id`. Every failure must be the documented event or errno, never a
+//! `rdma_migrate_id` and ECE options. Every failure must be the documented event or errno, never a
 //! hang: each wait is bounded ([`common::EVENT_WAIT`]).
 //!
 //! Devices of this binary: 127.0.4.1 (listeners), 127.0.4.2 (clients) and three that no
@@ -34,16 +34,18 @@ fn api() -> &'static Api {
     )
 }
 
-/// A REQ for `port` as the CM protocol lays it out (wire.rs): header, port space, ports,
-/// QPN, PSN, MTU, the six parameter bytes and no private data.
+/// A REQ for `port` as the CM protocol lays it out (wire.rs, version 2): header, port
+/// space, ports, QPN, PSN, MTU, the six parameter bytes, no ECE and no private data.
 fn raw_req(port: u16) -> Vec<u8> {
-    let mut b = b"BRCM\x01\x01\x00\x16".to_vec();
+    let mut b = b"BRCM\x02\x01\x00\x1e".to_vec();
     b.extend_from_slice(&0x0106u16.to_be_bytes());
     b.extend_from_slice(&port.to_be_bytes());
     b.extend_from_slice(&40000u16.to_be_bytes());
     b.extend_from_slice(&0x123u32.to_be_bytes());
     b.extend_from_slice(&0x456u32.to_be_bytes());
-    b.extend_from_slice(&[5, 1, 1, 1, 7, 7, 0, 0]);
+    b.extend_from_slice(&[5, 1, 1, 1, 7, 7, 0]);
+    b.extend_from_slice(&[0; 8]);
+    b.push(0);
     b
 }
 
@@ -247,16 +249,16 @@ fn garbage_and_half_open_connections_leave_the_listener_working() {
         "garbage is closed without an answer"
     );
     let mut huge = cm_stream(SRV);
-    huge.write_all(b"BRCM\x01\x01\xff\xff").unwrap();
+    huge.write_all(b"BRCM\x02\x01\xff\xff").unwrap();
     assert!(
         read_to_close(&mut huge).is_empty(),
         "an oversized body is refused"
     );
     let mut newer = cm_stream(SRV);
-    newer.write_all(b"BRCM\x02\x01\x00\x00").unwrap();
+    newer.write_all(b"BRCM\x03\x01\x00\x00").unwrap();
     let answer = read_to_close(&mut newer);
     assert_eq!(
-        answer, b"BRCM\x01\x04\x00\x03\x00\x1f\x00",
+        answer, b"BRCM\x02\x04\x00\x03\x00\x1f\x00",
         "a newer version gets REJ 31"
     );
     let mut silent = cm_stream(SRV);
@@ -308,7 +310,7 @@ fn a_server_that_dies_mid_handshake_gives_unreachable() {
         s.set_read_timeout(Some(EVENT_WAIT)).unwrap();
         let mut head = [0u8; 8];
         s.read_exact(&mut head).unwrap();
-        assert_eq!(&head[..6], b"BRCM\x01\x01", "the request");
+        assert_eq!(&head[..6], b"BRCM\x02\x01", "the request");
     });
     let cch = a.channel();
     let (ev, cli) = connect_event(a, cch, SocketAddrV4::new(CLOSER, 7405));
@@ -325,7 +327,7 @@ fn a_client_that_dies_mid_handshake_gives_unreachable() {
     let a = api();
     let lch = a.channel();
     let l = a.listener(lch, RDMA_PS_TCP, SocketAddrV4::new(SRV, 7406));
-    const MRA: &[u8] = b"BRCM\x01\x02\x00\x00";
+    const MRA: &[u8] = b"BRCM\x02\x02\x00\x00";
 
     // Gone before the application answered: the new id hears it, accepting fails.
     let mut s = cm_stream(SRV);
@@ -357,7 +359,7 @@ fn a_client_that_dies_mid_handshake_gives_unreachable() {
     assert_eq!(unsafe { (a.rdma_accept)(child, core::ptr::null()) }, 0);
     let mut rep = [0u8; 8];
     s.read_exact(&mut rep).unwrap();
-    assert_eq!(&rep[..6], b"BRCM\x01\x03", "the REP");
+    assert_eq!(&rep[..6], b"BRCM\x02\x03", "the REP");
     drop(s);
     let ev = a.next_event(lch, false);
     assert_eq!(
@@ -538,4 +540,84 @@ fn pointers_the_library_did_not_make_are_refused_not_followed() {
         fake.iter().all(|&b| b == 0x5A),
         "the bogus memory was written"
     );
+}
+
+/// ECE for ids whose QP the program manages (pyverbs' external-QP flow): each side's
+/// `rdma_set_local_ece` reaches the other's `rdma_get_remote_ece` through the REQ and the
+/// REP; the calls refuse what rdma-core refuses.
+#[test]
+fn ece_options_travel_in_the_req_and_the_rep() {
+    let a = api();
+    let (lch, cch) = (a.channel(), a.channel());
+    let l = a.listener(lch, RDMA_PS_TCP, SocketAddrV4::new(SRV, 7420));
+    let cli = a.resolved(cch, RDMA_PS_TCP, CLI, SocketAddrV4::new(SRV, 7420));
+    let get = |id| {
+        let mut e = IbvEce {
+            comp_mask: 9,
+            ..IbvEce::default()
+        };
+        // SAFETY: a live id and a local ibv_ece.
+        assert_eq!(unsafe { (a.rdma_get_remote_ece)(id, &mut e) }, 0);
+        e
+    };
+    let mut mine = IbvEce {
+        vendor_id: 0x15b3,
+        options: 0x8000_0042,
+        comp_mask: 0,
+    };
+    // SAFETY: live ids; the ibv_ece values are locals.
+    unsafe {
+        let mut none = IbvEce::default();
+        assert_eq!((a.rdma_set_local_ece)(cli, &mut none), -1, "vendor ID 0");
+        assert_eq!(errno(), libc::EINVAL);
+        let mut masked = IbvEce {
+            comp_mask: 1,
+            ..mine
+        };
+        assert_eq!((a.rdma_set_local_ece)(cli, &mut masked), -1, "a comp_mask");
+        assert_eq!((a.rdma_set_local_ece)(cli, core::ptr::null_mut()), -1);
+        assert_eq!((a.rdma_get_remote_ece)(cli, core::ptr::null_mut()), -1);
+        assert_eq!((a.rdma_set_local_ece)(cli, &mut mine), 0);
+    }
+    assert_eq!(get(cli), IbvEce::default(), "nothing from the peer yet");
+    let mut p = conn_param(&[]);
+    p.qp_num = 0x123;
+    // SAFETY: a route-resolved id without a QP.
+    assert_eq!(unsafe { (a.rdma_connect)(cli, &p) }, 0);
+    let req = a.expect(lch, RDMA_CM_EVENT_CONNECT_REQUEST, false);
+    assert_eq!(get(req.id), mine, "the REQ's ECE");
+    let mut theirs = IbvEce {
+        vendor_id: 0x1234,
+        options: 7,
+        comp_mask: 0,
+    };
+    p.qp_num = 0x456;
+    // SAFETY: a connect request's id without a QP.
+    unsafe {
+        assert_eq!((a.rdma_set_local_ece)(req.id, &mut theirs), 0);
+        assert_eq!((a.rdma_accept)(req.id, &p), 0);
+    }
+    a.expect(cch, RDMA_CM_EVENT_CONNECT_RESPONSE, false);
+    assert_eq!(get(cli), theirs, "the REP's ECE");
+    // SAFETY: an id that has the REP.
+    assert_eq!(unsafe { (a.rdma_establish)(cli) }, 0);
+    a.expect(lch, RDMA_CM_EVENT_ESTABLISHED, false);
+    // An id with a QP the library made: its ECE is the QP's, not the program's.
+    let other = a.resolved(cch, RDMA_PS_TCP, CLI, SocketAddrV4::new(SRV, 7420));
+    a.qp(other, false);
+    // SAFETY: a live id with a QP.
+    unsafe {
+        assert_eq!((a.rdma_set_local_ece)(other, &mut mine), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        let mut e = IbvEce::default();
+        assert_eq!((a.rdma_get_remote_ece)(other, &mut e), -1);
+        assert_eq!(errno(), libc::EINVAL);
+    }
+    // SAFETY: connected ids of this test.
+    unsafe {
+        assert_eq!((a.rdma_disconnect)(cli), 0);
+    }
+    a.expect(cch, RDMA_CM_EVENT_DISCONNECTED, false);
+    a.expect(lch, RDMA_CM_EVENT_DISCONNECTED, false);
+    destroy(a, &[other, req.id, cli, l]);
 }

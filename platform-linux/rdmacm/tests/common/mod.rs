@@ -118,6 +118,9 @@ api! {
     rdma_accept: fn(*mut RdmaCmId, *const RdmaConnParam) -> c_int;
     rdma_reject: fn(*mut RdmaCmId, *const c_void, u8) -> c_int;
     rdma_disconnect: fn(*mut RdmaCmId) -> c_int;
+    rdma_establish: fn(*mut RdmaCmId) -> c_int;
+    rdma_set_local_ece: fn(*mut RdmaCmId, *mut IbvEce) -> c_int;
+    rdma_get_remote_ece: fn(*mut RdmaCmId, *mut IbvEce) -> c_int;
     rdma_migrate_id: fn(*mut RdmaCmId, *mut RdmaEventChannel) -> c_int;
     rdma_get_cm_event: fn(*mut RdmaEventChannel, *mut *mut RdmaCmEvent) -> c_int;
     rdma_ack_cm_event: fn(*mut RdmaCmEvent) -> c_int;
