@@ -39,11 +39,15 @@ enum Slot {
     Abandoned,
 }
 
+/// Commands in flight at once; their tags are 0..TAGS (the card echoes 8 bits). Small, so
+/// the queue fits the soft-core's stack beside the rest of the device.
+pub const TAGS: usize = 32;
+
 /// The command rings and the commands in flight.
 pub struct CommandQueue {
     req: ProducerRing,
     resp: ConsumerRing,
-    slots: [Slot; 256],
+    slots: [Slot; TAGS],
     next_tag: u8,
     seq: u32,
     timeout: Nanos,
@@ -70,7 +74,7 @@ impl CommandQueue {
         CommandQueue {
             req,
             resp,
-            slots: [Slot::Free; 256],
+            slots: [Slot::Free; TAGS],
             next_tag: 0,
             seq: 0,
             timeout,
@@ -89,8 +93,8 @@ impl CommandQueue {
         let busy = VerbsError::Busy {
             what: "command queue",
         };
-        let tag = (0..=255u8)
-            .map(|k| self.next_tag.wrapping_add(k))
+        let tag = (0..TAGS as u8)
+            .map(|k| (self.next_tag + k) % TAGS as u8)
             .find(|t| self.slots[*t as usize] == Slot::Free)
             .ok_or(busy)?;
         self.req
@@ -102,7 +106,7 @@ impl CommandQueue {
             op: op_name(&req),
             deadline: now + self.timeout,
         };
-        self.next_tag = tag.wrapping_add(1);
+        self.next_tag = (tag + 1) % TAGS as u8;
         self.submitted += 1;
         Ok(Ticket { tag, seq: self.seq })
     }
@@ -118,7 +122,11 @@ impl CommandQueue {
             };
             match CmdResponse::decode(&d) {
                 Ok(r) => {
-                    let slot = &mut self.slots[r.user_data as usize];
+                    let Some(slot) = self.slots.get_mut(r.user_data as usize) else {
+                        self.stray_responses += 1;
+                        core_warn!("command response with tag {} ignored", r.user_data);
+                        continue;
+                    };
                     match *slot {
                         Slot::InFlight { seq, op, .. } => {
                             *slot = Slot::Done {

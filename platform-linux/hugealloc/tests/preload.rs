@@ -16,10 +16,10 @@ fn read(name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The library, built by `cargo test` next to this test's `deps` directory.
+/// The library, built for this test's profile and target directory (a `cargo test` of
+/// the workspace does not always build the cdylib before this test runs).
 fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let dir = bluerdma_tests::served::cargo_build(&["-p", "bluerdma-hugealloc"]);
     let lib = dir.join("libbluerdma_hugealloc.so");
     assert!(lib.exists(), "{} was not built", lib.display());
     lib
