@@ -300,7 +300,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Collects the job's finished commands and submits what may go next; returns whether
     /// anything changed.
     fn advance_mr_job(&mut self, j: usize, now: Instant) -> bool {
-        let Some(mut job) = self.mr_jobs[j] else {
+        // A finished job waits for its caller to collect it: its tickets are spent (a
+        // second look at the MR-table ticket found it gone and failed a registration that
+        // had succeeded, when the progress thread finished the job first).
+        let Some(mut job) = self.mr_jobs[j].filter(|job| !job.done) else {
             return false;
         };
         let mut changed = false;
