@@ -36,7 +36,7 @@ int main(void)
     test_start("sge");
     struct end a, b;
     struct ibv_mr *amr, *bmr;
-    struct pair_opts o = {.max_send_wr = 256, .max_recv_wr = 256};
+    struct pair_opts o = {.max_send_wr = 256, .max_recv_wr = 256, .max_send_sge = 6};
     pair_open_mrs(&a, &b, &o, BUF, &amr, &bmr);
     uint8_t *abuf = amr->addr, *bbuf = bmr->addr;
     struct ibv_wc wc;

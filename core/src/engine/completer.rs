@@ -6,7 +6,6 @@ use crate::qp::QpState;
 use crate::time::Instant;
 use crate::transport::{card_bitmap_base, Chunk, PacketFragmenter, Psn, PsnRange};
 
-use super::cq::push_cqe;
 use super::qp::QpIndex;
 use super::requester::{Batch, Path};
 use super::storage::Timer;
@@ -152,8 +151,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             (q.attrs.qpn, q.attrs.send_cq)
         };
         if let Some(wc) = w.completion(status, qpn) {
-            let depth = self.storage.cq_depth();
-            push_cqe(&mut self.storage.slices(), depth, &mut self.stats, cq, wc);
+            self.complete(cq, wc);
         }
         Some(w)
     }

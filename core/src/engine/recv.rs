@@ -11,26 +11,21 @@ use crate::platform::{OobEvent, OobTransport};
 use crate::qp::QpState;
 use crate::time::Instant;
 
-use super::cq::push_cqe;
 use super::error::VerbsError;
 use super::qp::{QpHandle, QpIndex};
+use super::recv_pool::RecvLists;
 use super::storage::{EarlyRecv, Timer};
 use super::wqe::WqeState;
 use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use super::{Device, Platform, Storage};
 
-/// Receive WRs per QP (posted locally, and announced by the peer): perftest posts up to 512.
-pub const RECV_QUEUE: usize = 512;
-
-/// A QP's receive WRs: its own (in the order announced) and the peer's.
+/// A QP's receive side: its receive WRs and the peer's (in the shared table), and the RNR
+/// state.
 #[derive(Clone, Debug)]
 pub(crate) struct RecvQueue {
-    /// Posted receive WRs, in the order they were announced to the peer.
-    recvs: heapless::Deque<RecvWr, RECV_QUEUE>,
-    /// How many of the newest `recvs` are not announced yet (posted before RTR).
-    to_announce: u32,
-    /// Receive WRs the peer announced, not yet used by a SEND.
-    remote: heapless::Deque<OobRecvWr, RECV_QUEUE>,
+    /// Posted receive WRs (in the order they are announced to the peer) and the peer's
+    /// announced ones.
+    pub(super) lists: RecvLists,
     /// The out-of-band connection to the peer broke after this QP connected: a SEND that
     /// finds no announced receive WR fails instead of waiting (nothing can announce one).
     oob_lost: bool,
@@ -40,31 +35,28 @@ pub(crate) struct RecvQueue {
 
 impl Default for RecvQueue {
     fn default() -> Self {
-        RecvQueue {
-            recvs: heapless::Deque::new(),
-            to_announce: 0,
-            remote: heapless::Deque::new(),
-            oob_lost: false,
-            rnr_left: 7,
-        }
+        RecvQueue::new(0)
     }
 }
 
 impl RecvQueue {
+    /// An empty receive side that may hold `cap` posted receive WRs.
+    pub(crate) fn new(cap: u32) -> Self {
+        RecvQueue {
+            lists: RecvLists::with_cap(cap),
+            oob_lost: false,
+            rnr_left: 7,
+        }
+    }
+
     /// `rnr_retry` was set.
     pub(crate) fn reset_rnr(&mut self, n: u8) {
         self.rnr_left = n;
     }
 
-    /// The peer's next announced receive WR.
-    pub(crate) fn next_remote(&self) -> Option<OobRecvWr> {
-        self.remote.front().copied()
-    }
-
     /// A SEND used the peer's next receive WR: the RNR retries refill.
-    pub(crate) fn take_remote(&mut self, rnr_retry: u8) -> Option<OobRecvWr> {
+    pub(crate) fn refill_rnr(&mut self, rnr_retry: u8) {
         self.rnr_left = rnr_retry;
-        self.remote.pop_front()
     }
 
     /// The peer can no longer announce receive WRs.
@@ -72,24 +64,14 @@ impl RecvQueue {
         self.oob_lost
     }
 
-    /// The oldest posted receive WR, to complete.
-    pub(crate) fn pop(&mut self) -> Option<RecvWr> {
-        self.recvs.pop_front()
-    }
-
-    /// The oldest posted receive WR's id.
-    pub(crate) fn oldest(&self) -> Option<u64> {
-        self.recvs.front().map(|r| r.wr_id)
-    }
-
     /// Receive WRs posted (for dumps).
     pub(crate) fn posted(&self) -> usize {
-        self.recvs.len()
+        self.lists.posted() as usize
     }
 
     /// Nothing is left to announce (the QP was flushed).
     pub(crate) fn forget_unannounced(&mut self) {
-        self.to_announce = 0;
+        self.lists.forget_unannounced();
     }
 
     /// The RNR timer fired: whether another wait is allowed (7 = forever).
@@ -133,16 +115,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 };
                 return Err((k, e));
             }
-            let rq = &mut self.qp(i).rq;
-            if rq.recvs.push_back(*wr).is_err() {
-                let what = "receive queue";
+            let announce = a.state != QpState::Err;
+            let s = self.storage.slices();
+            let lists = &mut s.qps[i.slot()].rq.lists;
+            if !lists.post(&mut self.recv_pool, s.recvs, wr, announce) {
+                let what = "receive queue (max_recv_wr receive WRs are posted)";
                 return Err((k, VerbsError::OutOfResources { what }));
             }
-            if a.state == QpState::Err {
+            if !announce {
                 // IB: a receive WR posted to a QP in the error state is flushed.
                 self.fail_recv(i, WcStatus::WrFlushErr);
-            } else {
-                rq.to_announce += 1;
             }
         }
         self.announce_recvs(i);
@@ -155,18 +137,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let Some(oob) = self.oob.as_mut() else {
             return;
         };
-        let q = &mut self.storage.slices().qps[i.slot()];
+        let s = self.storage.slices();
+        let q = &mut s.qps[i.slot()];
         if !q.attrs.connected() {
             return;
         }
         let (qpn, peer) = (q.attrs.qpn, q.attrs.peer_ip);
-        let rq = &mut q.rq;
-        let total = rq.recvs.len() as u32;
-        while rq.to_announce > 0 {
-            let Some(r) = rq.recvs.iter().nth((total - rq.to_announce) as usize) else {
-                rq.to_announce = 0;
-                break;
-            };
+        while let Some(r) = q.rq.lists.next_to_announce(s.recvs) {
             let rec = OobRecvWr {
                 wr_id: r.wr_id,
                 addr: r.addr.0,
@@ -176,7 +153,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             };
             match oob.send(peer, &rec) {
                 Ok(()) => {
-                    rq.to_announce -= 1;
+                    q.rq.lists.announced(s.recvs);
                     self.stats.recvs_announced += 1;
                 }
                 Err(e) => {
@@ -278,12 +255,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let Some(i) = self.peer_qp(from, wr.qpn) else {
             return false;
         };
-        let q = self.qp(i);
+        let s = self.storage.slices();
+        let q = &mut s.qps[i.slot()];
         q.rq.oob_lost = false;
-        if q.rq.remote.push_back(wr).is_err() {
+        if !q.rq.lists.add_remote(&mut self.recv_pool, s.recvs, &wr) {
             core_error!(
-                "QP {:#x}: more announced receive WRs than the queue holds",
-                q.attrs.qpn.get()
+                "QP {:#x}: announced receive WR {:#x} dropped: the receive WR table is full",
+                q.attrs.qpn.get(),
+                wr.wr_id
             );
             self.stats.recvs_dropped += 1;
             return true;
@@ -312,7 +291,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
         // The requester tells only when the SEND is its oldest request: the SENDs before it
         // were acknowledged, so their completions come first.
         self.deliver_ready(i);
-        let (qpn, head) = (self.qp(i).attrs.qpn.get(), self.qp(i).rq.oldest());
+        let s = self.storage.slices();
+        let (qpn, head) = (
+            s.qps[i.slot()].attrs.qpn.get(),
+            s.qps[i.slot()].rq.lists.oldest(s.recvs),
+        );
         match head {
             Some(head) if head == rec.wr_id => {}
             Some(head) => core_error!(
@@ -365,8 +348,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// with REM_INV_REQ_ERR and move the QP to ERR. Nothing is written.
     pub(crate) fn send_too_long(&mut self, i: QpIndex, r: &OobRecvWr, send_len: u32) {
         self.stats.sends_too_long += 1;
+        self.pop_remote(i);
         let q = self.qp(i);
-        q.rq.remote.pop_front();
         let (peer, qpn) = (q.attrs.peer_ip, q.attrs.qpn.get());
         let rec = RecvTooShort {
             wr_id: r.wr_id,
@@ -391,10 +374,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Completes the oldest receive WR of QP `i` with the error `status` (byte_len 0);
     /// `false` if none is posted.
     pub(crate) fn fail_recv(&mut self, i: QpIndex, status: WcStatus) -> bool {
-        let q = self.qp(i);
-        let Some(r) = q.rq.pop() else {
+        let Some(r) = self.pop_recv(i) else {
             return false;
         };
+        let q = self.qp(i);
         let (qpn, cq) = (q.attrs.qpn, q.attrs.recv_cq);
         let wc = WorkCompletion {
             wr_id: r.wr_id,
@@ -406,9 +389,40 @@ impl<P: Platform, S: Storage> Device<P, S> {
             src_qp: 0,
             wc_flags: 0,
         };
-        let depth = self.storage.cq_depth();
-        push_cqe(&mut self.storage.slices(), depth, &mut self.stats, cq, wc);
+        self.complete(cq, wc);
         true
+    }
+
+    /// Takes QP `i`'s oldest posted receive WR (to complete it).
+    pub(crate) fn pop_recv(&mut self, i: QpIndex) -> Option<RecvWr> {
+        let s = self.storage.slices();
+        s.qps[i.slot()]
+            .rq
+            .lists
+            .pop_local(&mut self.recv_pool, s.recvs)
+    }
+
+    /// The peer's next announced receive WR for QP `i`.
+    pub(crate) fn next_remote(&mut self, i: QpIndex) -> Option<OobRecvWr> {
+        let s = self.storage.slices();
+        let q = &s.qps[i.slot()];
+        q.rq.lists.next_remote(s.recvs, q.attrs.dest_qpn.get())
+    }
+
+    /// Drops the peer's next announced receive WR for QP `i` (a SEND used it).
+    pub(crate) fn pop_remote(&mut self, i: QpIndex) {
+        let s = self.storage.slices();
+        s.qps[i.slot()]
+            .rq
+            .lists
+            .pop_remote(&mut self.recv_pool, s.recvs);
+    }
+
+    /// Gives every receive WR of QP `i`, its own and its peer's, back to the table (the QP
+    /// is reset or destroyed: nothing completes).
+    pub(crate) fn clear_recvs(&mut self, i: QpIndex) {
+        let s = self.storage.slices();
+        s.qps[i.slot()].rq.lists.clear(&mut self.recv_pool, s.recvs);
     }
 
     /// A SEND waited `min_rnr_timer` for a receive WR: try again, or give up after

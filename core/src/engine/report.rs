@@ -14,7 +14,6 @@ use crate::time::Instant;
 use crate::transport::Psn;
 use crate::wire::{AckVerdict, DriverAckFrame};
 
-use super::cq::push_cqe;
 use super::qp::QpIndex;
 use super::requester::{Batch, Path};
 use super::responder::{MsgEnd, MsgKind, ReadRequest};
@@ -219,8 +218,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             MsgKind::WriteImm => WcOpcode::RecvRdmaWithImm,
             MsgKind::Send | MsgKind::SendImm => WcOpcode::Recv,
         };
+        let r = self.pop_recv(i);
         let q = self.qp(i);
-        let r = q.rq.pop();
         let (qpn, peer, cq) = (q.attrs.qpn, q.attrs.dest_qpn, q.attrs.recv_cq);
         let with_imm = m.kind != MsgKind::Send;
         let wc = WorkCompletion {
@@ -233,8 +232,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             src_qp: peer.get(),
             wc_flags: if with_imm { WC_WITH_IMM } else { 0 },
         };
-        let depth = self.storage.cq_depth();
-        push_cqe(&mut self.storage.slices(), depth, &mut self.stats, cq, wc);
+        self.complete(cq, wc);
     }
 
     fn ack_frame(&mut self, i: QpIndex, base: Psn, verdict: AckVerdict) -> Option<RawDesc> {

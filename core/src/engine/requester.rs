@@ -259,7 +259,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 op: "post_send",
             });
         }
-        if self.sq(i).is_full() {
+        if self.sq(i).is_full_for_app() {
             return Err(VerbsError::SendQueueFull);
         }
         let is_send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_));
@@ -417,7 +417,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Matches a pending SEND (or WRITE_WITH_IMM) with the peer's next announced receive WR
     /// (oob-channel.md), or leaves it waiting under the RNR rules. False: not now.
     fn match_remote_recv(&mut self, i: QpIndex, w: &mut Wqe, now: Instant) -> bool {
-        let Some(r) = self.qp(i).rq.next_remote() else {
+        let Some(r) = self.next_remote(i) else {
             if self.qp(i).rq.peer_lost() {
                 // No receive WR can be announced any more.
                 self.qp(i).attrs.state = QpState::Err;
@@ -438,7 +438,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return false;
         }
         let rnr_retry = self.qp(i).attrs.rnr_retry;
-        self.qp(i).rq.take_remote(rnr_retry);
+        self.pop_remote(i);
+        self.qp(i).rq.refill_rnr(rnr_retry);
         self.timers(i).set(Timer::Rnr, None);
         w.match_recv(VirtAddr(r.addr), crate::keys::MrKey::from_raw(r.lkey));
         true

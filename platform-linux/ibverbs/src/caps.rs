@@ -6,13 +6,16 @@ use core::ffi::c_int;
 
 use bluerdma_linux::storage::Capacity;
 
-/// The card's table sizes and queue depths.
+/// The card's table sizes, and the shared queue tables.
 pub(crate) fn capacity() -> Capacity {
     Capacity::default()
 }
 
-/// Receive WRs per RC QP (the engine's software receive queue).
-pub(crate) const MAX_RECV_WR: u32 = bluerdma_core::engine::RECV_QUEUE as u32;
+/// Send requests and receive WRs one QP may ask for (`max_qp_wr`): with 6 SGEs per request
+/// the send queue of the deepest QP still fits the device's send table.
+pub(crate) const MAX_QP_WR: u32 = 8192;
+/// Completions one CQ may ask for (`max_cqe`); the device's completion table holds two.
+pub(crate) const MAX_CQE: u32 = 65536;
 /// Outstanding RDMA READs a QP may have (initiator and responder).
 pub(crate) const MAX_RD_ATOM: u8 = 16;
 /// The largest message (the card's 32-bit length).

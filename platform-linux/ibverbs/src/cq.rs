@@ -51,7 +51,7 @@ unsafe fn create_cq(
 ) -> Result<*mut IbvCq, c_int> {
     // SAFETY: the caller passes an open context.
     let c = unsafe { Ctx::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
-    let max = caps::capacity().cq_depth as c_int;
+    let max = caps::MAX_CQE as c_int;
     if !(1..=max).contains(&cqe) || comp_vector != 0 {
         log::error!(
             "create_cq: cqe {cqe} (1..={max}) or comp_vector {comp_vector} (0) out of range"
@@ -59,7 +59,7 @@ unsafe fn create_cq(
         return Err(libc::EINVAL);
     }
     let engine = c.engine()?;
-    let cq = engine.create_cq().map_err(fail)?;
+    let cq = engine.create_cq_sized(cqe as u32).map_err(fail)?;
     let b = Box::into_raw(Box::new(Cq {
         ibv: IbvCq {
             context: ctx,
@@ -119,10 +119,13 @@ pub unsafe extern "C" fn bv_ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
     let Some(c) = (unsafe { own::<Cq, _>(cq) }) else {
         return libc::EINVAL;
     };
-    // Every CQ already has the device's full depth.
-    let max = caps::capacity().cq_depth as c_int;
+    let max = caps::MAX_CQE as c_int;
     if !(1..=max).contains(&cqe) {
+        log::error!("resize_cq: cqe {cqe} out of range (1..={max})");
         return libc::EINVAL;
+    }
+    if let Err(e) = c.cq.resize(cqe as u32) {
+        return fail(e);
     }
     // SAFETY: `cqe` is the application-visible size; no one else writes it.
     unsafe { (*(c as *const Cq as *mut Cq)).ibv.cqe = cqe };

@@ -26,14 +26,14 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         vendor_part_id: 0xb1e0,
         hw_ver: 1,
         max_qp: cap.qps as c_int - 1,
-        max_qp_wr: cap.sq_depth as c_int,
+        max_qp_wr: caps::MAX_QP_WR as c_int,
         // IBV_DEVICE_RC_RNR_NAK_GEN.
         device_cap_flags: 1 << 12,
         // Send requests: several SGEs (split or gathered by the library); receive WRs: one.
         max_sge: caps::MAX_SGE as c_int,
         max_sge_rd: caps::MAX_SGE as c_int,
         max_cq: cap.cqs as c_int,
-        max_cqe: cap.cq_depth as c_int,
+        max_cqe: caps::MAX_CQE as c_int,
         max_mr: cap.mrs as c_int,
         max_pd: 1 << 16,
         max_qp_rd_atom: caps::MAX_RD_ATOM as c_int,

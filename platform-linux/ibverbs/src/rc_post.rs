@@ -24,11 +24,8 @@ use crate::errors::{fail, set_bad};
 use crate::handle::own;
 use crate::pd::Pd;
 use crate::rc_qp::Qp;
-use crate::rc_rings::PostState;
+use crate::rc_rings::{PostState, BATCH};
 use crate::sge;
-
-/// Engine requests per engine call (one doorbell per batch).
-const BATCH: usize = 32;
 
 /// The engine requests of one application request, appended to `out`.
 ///

@@ -5,6 +5,7 @@
 use core::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
+use bluerdma_core::engine::{QpCaps, READ_RESPONSE_ROOM};
 use bluerdma_core::qp::{Gid, QpAttrMask, QpState, RawQpAttr};
 use bluerdma_linux::verbs::Qp as VQp;
 
@@ -48,20 +49,20 @@ pub(crate) unsafe fn create(
     a: &mut IbvQpInitAttr,
 ) -> Result<*mut IbvQp, c_int> {
     // SAFETY: an SRQ from ibv_create_srq, or NULL.
-    let srq = unsafe { Srq::from_ibv(a.srq) }.map(|s| Arc::clone(&s.pool));
-    let sq = caps::capacity().sq_depth as u32;
+    let srq = unsafe { Srq::from_ibv(a.srq) };
+    let srq_wrs = srq.map(|s| s.max_wr);
+    let srq = srq.map(|s| Arc::clone(&s.pool));
     let cap = a.cap;
-    if cap.max_send_wr > sq
-        || cap.max_recv_wr > caps::MAX_RECV_WR
+    let max = caps::MAX_QP_WR;
+    if cap.max_send_wr > max
+        || cap.max_recv_wr > max
         || cap.max_send_sge > MAX_SGE as u32
         || cap.max_recv_sge > 1
         || cap.max_inline_data > MAX_INLINE
     {
         log::error!(
-            "create_qp: {cap:?} exceeds the device (max_send_wr {sq}, max_recv_wr {}, {} send \
-             SGEs, 1 receive SGE, \
-             {} bytes of inline data)",
-            caps::MAX_RECV_WR,
+            "create_qp: {cap:?} exceeds the device (max_send_wr and max_recv_wr {max}, {} \
+             send SGEs, 1 receive SGE, {} bytes of inline data)",
             MAX_SGE,
             MAX_INLINE
         );
@@ -69,13 +70,24 @@ pub(crate) unsafe fn create(
     }
     // SAFETY: CQs from ibv_create_cq on this context, or NULL.
     let (scq, rcq) = unsafe { qp_cqs(a) }.ok_or(libc::EINVAL)?;
-    let qp = p.pd.create_qp(&scq.cq, &rcq.cq).map_err(fail)?;
+    // A WRITE or READ with several SGEs is one engine request per SGE: room for
+    // max_send_wr requests of max_send_sge each. An SRQ's QP may take every WR of its pool.
+    let engine_caps = QpCaps {
+        max_send_wr: cap.max_send_wr.max(1) * cap.max_send_sge.clamp(1, MAX_SGE as u32),
+        max_recv_wr: srq_wrs.unwrap_or(cap.max_recv_wr),
+        read_responses: READ_RESPONSE_ROOM,
+    };
+    let qp =
+        p.pd.create_qp_with(&scq.cq, &rcq.cq, engine_caps)
+            .map_err(fail)?;
     let qpn = qp.qpn().get();
+    // The queue sizes the application asked for are what it gets, and what ibv_query_qp
+    // says; inline data is the device's (at least what was asked).
     let cap = IbvQpCap {
-        max_send_wr: cap.max_send_wr.max(1),
-        max_recv_wr: cap.max_recv_wr.max(1),
-        max_send_sge: MAX_SGE as u32,
-        max_recv_sge: 1,
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge.max(1),
+        max_recv_sge: cap.max_recv_sge.max(1),
         max_inline_data: MAX_INLINE,
     };
     a.cap = cap;
@@ -84,7 +96,7 @@ pub(crate) unsafe fn create(
         qp,
         cap,
         sq_sig_all: a.sq_sig_all != 0,
-        post: Mutex::new(PostState::default()),
+        post: Mutex::new(PostState::new(engine_caps.max_send_wr)),
         srq: srq.map(|pool| SrqLink::new(pool, Arc::clone(&rcq.srq_members))),
     });
     if let Some(srq) = &b.srq {

@@ -55,7 +55,7 @@ pub(crate) unsafe fn create(
     a: &mut IbvQpInitAttr,
 ) -> Result<*mut IbvQp, c_int> {
     let cap = a.cap;
-    let sq = caps::capacity().sq_depth as u32;
+    let sq = caps::MAX_QP_WR;
     if !a.srq.is_null()
         || cap.max_send_wr > sq
         || cap.max_recv_wr > MAX_RECV_WR

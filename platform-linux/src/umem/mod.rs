@@ -330,7 +330,13 @@ impl HostUmem {
 }
 
 impl MemoryResolver for HostUmem {
-    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError> {
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError> {
+        // mlock takes read-only memory, and the kernel would refuse to pin it for a writable
+        // MR (EFAULT): so must we, before the card is told to write it.
+        if let Err(e) = bluerdma_sim::mem::mappings::check(va, len, write) {
+            log::error!("pin {:#x}+{len:#x}: {e}", va.0);
+            return Err(e);
+        }
         match self.try_pin(va, len as u64) {
             Ok(_) => Ok(()),
             Err(e) => Err(self.note(e)),
