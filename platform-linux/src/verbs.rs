@@ -240,9 +240,13 @@ impl Context {
     /// card's frames, both directions, are captured to `<dir>/<name>.pcap` (read it with
     /// `tshark -d udp.port==4791,infiniband`).
     pub fn open(spec: DeviceSpec, oob_port: u16) -> Result<Context, Error> {
-        let fail = |what: &'static str| Error {
+        // The OS error travels on (EADDRINUSE for a taken address, EADDRNOTAVAIL for one
+        // that is not local), so a caller can tell the failures apart.
+        let fail = |e: &std::io::Error| Error {
             op: "open",
-            kind: VerbsError::Unsupported { what },
+            kind: VerbsError::Platform(bluerdma_core::platform::PlatformError::Os(
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )),
         };
         // A device configured on a non-loopback address (a node's own address in a network
         // namespace, or a host's) reaches its peers over that network.
@@ -252,7 +256,7 @@ impl Context {
         };
         let link = bluerdma_sim::link::UdpLink::bind(link_cfg).map_err(|e| {
             log::error!("open {}: UDP link on {}:4791: {e}", spec.name, spec.ip);
-            fail("the UDP link address is taken or not local (see the log)")
+            fail(&e)
         })?;
         let link: Box<dyn LinkPort> = match std::env::var_os(PCAP_ENV) {
             Some(path) => {
@@ -264,7 +268,7 @@ impl Context {
                     .and_then(bluerdma_sim::link::PcapSink::new)
                     .map_err(|e| {
                         log::error!("open {}: {PCAP_ENV}: {}: {e}", spec.name, path.display());
-                        fail("the capture file cannot be created (see the log)")
+                        fail(&e)
                     })?;
                 log::info!("{}: capturing to {}", spec.name, path.display());
                 Box::new(bluerdma_sim::link::CapturingLink::new(
@@ -279,7 +283,10 @@ impl Context {
         cfg.port = oob_port;
         let oob = crate::oob::TcpOob::bind(cfg).map_err(|e| {
             log::error!("open {}: {e}", spec.name);
-            fail("the out-of-band port is taken (see the log)")
+            match &e {
+                crate::oob::TcpOobError::Listen { source, .. }
+                | crate::oob::TcpOobError::Setup(source) => fail(source),
+            }
         })?;
         Self::open_emulated_with_oob(spec, link, Some(Box::new(oob)))
     }
@@ -308,11 +315,14 @@ impl Context {
             },
             link,
         )
-        .map_err(|_| Error {
-            op: "open",
-            kind: VerbsError::Unsupported {
-                what: "emulated card could not start",
-            },
+        .map_err(|e| {
+            log::error!("open {}: the emulated card could not start: {e}", spec.name);
+            Error {
+                op: "open",
+                kind: VerbsError::Platform(bluerdma_core::platform::PlatformError::Os(
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )),
+            }
         })?;
         let mut cfg = DeviceConfig::new(spec.mac, spec.ip);
         cfg.page_size = spec.page_size;

@@ -232,6 +232,26 @@ void pair_extra_qps(struct end *a, struct end *b, struct ibv_qp **aqp, struct ib
     b->qp = qb;
 }
 
+void pair_connect(struct end *a, struct ibv_qp *qa, struct end *b, struct ibv_qp *qb)
+{
+    struct ibv_qp *sa = a->qp, *sb = b->qp;
+    a->qp = qa;
+    b->qp = qb;
+    connect_to(a, b);
+    connect_to(b, a);
+    a->qp = sa;
+    b->qp = sb;
+}
+
+void expect_errno(int rc, int want, const char *what)
+{
+    int e = errno;
+    CHECK(rc == want || (rc == -1 && e == want), "%s: returned %d, expected %d (%s)", what, rc,
+          want, strerror(want));
+    CHECK(e == want, "%s: errno %d (%s), expected %d (%s)", what, e, strerror(e), want,
+          strerror(want));
+}
+
 static void end_close(struct end *e)
 {
     check_rc(ibv_destroy_qp(e->qp), "ibv_destroy_qp");

@@ -67,6 +67,13 @@ void pair_open(struct end *a, struct end *b, const struct pair_opts *opts);
  * pair_close. */
 void pair_extra_qps(struct end *a, struct end *b, struct ibv_qp **aqp, struct ibv_qp **bqp);
 
+/* Connects QP `qa` of `a` to QP `qb` of `b` (both in RESET), as pair_open connects its. */
+void pair_connect(struct end *a, struct ibv_qp *qa, struct end *b, struct ibv_qp *qb);
+
+/* Expects a failing verb: `rc` (its return, or -1 for a NULL object) and errno must both
+ * say `want`. */
+void expect_errno(int rc, int want, const char *what);
+
 /* Destroys what pair_open made (and checks each destroy verb succeeds). */
 void pair_close(struct end *a, struct end *b);
 

@@ -360,9 +360,7 @@ mod tests {
     #[test]
     fn a_send_queue_wraps_inside_its_own_slots() {
         let mut table = [Wqe::default(); 12];
-        let mut c = SqCounters::default();
-        c.ring = Range { base: 4, len: 4 };
-        c.cap = 4;
+        let mut c = SqCounters::new(4, Range { base: 4, len: 4 });
         let mut q = SendQueue::new(&mut c, &mut table);
         q.push(wqe(100)).unwrap();
         q.pop();
@@ -389,9 +387,7 @@ mod tests {
     #[test]
     fn the_sent_prefix_never_outgrows_the_queue() {
         let mut table = [Wqe::default(); 4];
-        let mut c = SqCounters::default();
-        c.ring = Range { base: 0, len: 4 };
-        c.cap = 4;
+        let mut c = SqCounters::new(4, Range { base: 0, len: 4 });
         let mut q = SendQueue::new(&mut c, &mut table);
         q.mark_sent();
         assert_eq!(q.sent(), 0);

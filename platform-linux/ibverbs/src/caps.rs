@@ -39,3 +39,5 @@ pub(crate) const MAX_AH: c_int = 1 << 16;
 /// GID table: indexes 0 and 3 (the one NCCL picks on RoCE v2 / IPv4 hosts) hold the
 /// device's IPv4-mapped address; 1 and 2 are empty.
 pub(crate) const GID_TABLE_LEN: u32 = 4;
+/// The indexes of the GID table that hold the device's GID.
+pub(crate) const GID_INDEXES: [u32; 2] = [0, 3];

@@ -29,8 +29,11 @@
 //!    - `errors`: errno, the engine error -> errno map, NULL and `bad_wr` reporting.
 //!    - `logging`: the stderr logger (`BLUERDMA_LOG`).
 //!    - `handle`: verb objects are boxes whose first field is the `ibv_*` structure.
+//!    - `live`: the objects handed out and not taken back (stale pointers are refused,
+//!      ibv_close_device destroys what a context left).
 //!    - `sge`: reading scatter/gather lists and copying their bytes.
 //!    - `caps`: the device's limits, reported and enforced.
+//!    - `av`: address vectors: the peer they name, and the seed driver's habits.
 //!    - `names`: the `*_str` verbs and the static rate conversions.
 //!    - `stubs`: the exported verbs this library does not implement (build.rs lists them).
 //! 2. The device table:
@@ -56,6 +59,8 @@
 //!    - `poll`: ibv_poll_cq and ibv_req_notify_cq.
 //! 5. The entries that choose between RC and UD:
 //!    - `qp`: the QP verbs (create, destroy, modify, query).
+//!    - `async_events`: the engine's events, to the async file of the context that owns
+//!      the object.
 //!    - `ops`: ibv_open_device / ibv_close_device and the context's function tables.
 
 // Exported functions take raw pointers from C callers; each documents its contract in the
@@ -64,9 +69,11 @@
 
 // 1. The C ABI and how a verb fails.
 pub mod abi;
+mod av;
 mod caps;
 mod errors;
 mod handle;
+mod live;
 mod logging;
 mod names;
 mod sge;
@@ -93,6 +100,7 @@ mod rc_post;
 mod srq_post;
 mod ud_post;
 // 5. The entries that choose between RC and UD.
+mod async_events;
 mod ops;
 mod qp;
 

@@ -10,7 +10,7 @@ use crate::abi::*;
 use crate::caps::{self, GID_TABLE_LEN};
 use crate::context::Ctx;
 use crate::device::{fill, Device};
-use crate::errors::set_errno;
+use crate::errors::{errno_rc, set_errno};
 
 fn device_attr(d: &Device) -> IbvDeviceAttr {
     let cap = caps::capacity();
@@ -73,6 +73,12 @@ pub unsafe extern "C" fn bv_ibv_query_device(
     ctx: *mut IbvContext,
     attr: *mut IbvDeviceAttr,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_device(ctx, attr) })
+}
+
+/// The work of [`bv_ibv_query_device`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_device(ctx: *mut IbvContext, attr: *mut IbvDeviceAttr) -> c_int {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { Ctx::from_ibv(ctx) }) else {
         return libc::EINVAL;
@@ -148,6 +154,12 @@ pub unsafe extern "C" fn bv_ibv_query_port(
     port: u8,
     attr: *mut IbvPortAttr,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_port(ctx, port, attr) })
+}
+
+/// The work of [`bv_ibv_query_port`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPortAttr) -> c_int {
     // SAFETY: the caller passes at least the 48-byte compat structure.
     unsafe { query_port(ctx, port, attr, COMPAT_PORT_ATTR_LEN) }
 }
@@ -166,7 +178,9 @@ pub(crate) unsafe extern "C" fn ext_query_port(
 
 /// The GID at `index` of the table (see [`GID_TABLE_LEN`]).
 fn gid_at(d: &Device, index: c_int) -> Option<[u8; 16]> {
-    matches!(index, 0 | 3).then(|| d.gid())
+    u32::try_from(index)
+        .is_ok_and(|i| caps::GID_INDEXES.contains(&i))
+        .then(|| d.gid())
 }
 
 #[no_mangle]
@@ -176,6 +190,12 @@ pub unsafe extern "C" fn bv_ibv_query_gid(
     index: c_int,
     gid: *mut [u8; 16],
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_gid(ctx, port, index, gid) })
+}
+
+/// The work of [`bv_ibv_query_gid`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_gid(ctx: *mut IbvContext, port: u8, index: c_int, gid: *mut [u8; 16]) -> c_int {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { Ctx::from_ibv(ctx) }) else {
         return -1;
@@ -196,6 +216,12 @@ pub unsafe extern "C" fn bv_ibv_query_gid_type(
     index: u32,
     ty: *mut c_int,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_gid_type(ctx, port, index, ty) })
+}
+
+/// The work of [`bv_ibv_query_gid_type`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_gid_type(ctx: *mut IbvContext, port: u8, index: u32, ty: *mut c_int) -> c_int {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { Ctx::from_ibv(ctx) }) else {
         return libc::EINVAL;
@@ -279,6 +305,12 @@ pub unsafe extern "C" fn bv_ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_pkey(ctx, port, index, pkey) })
+}
+
+/// The work of [`bv_ibv_query_pkey`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_pkey(ctx: *mut IbvContext, port: u8, index: c_int, pkey: *mut u16) -> c_int {
     // SAFETY: the caller passes an open context.
     if unsafe { Ctx::from_ibv(ctx) }.is_none() || port != 1 || index != 0 || pkey.is_null() {
         return -1;

@@ -10,6 +10,7 @@ use bluerdma_core::qp::{Gid, QpAttrMask, QpState, RawQpAttr};
 use bluerdma_linux::verbs::Qp as VQp;
 
 use crate::abi::*;
+use crate::av;
 use crate::caps::{self, MAX_INLINE, MAX_SGE};
 use crate::errors::fail;
 use crate::handle::own;
@@ -130,12 +131,18 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         );
         return libc::EINVAL;
     }
-    if mask.contains(QpAttrMask::AV) && a.ah_attr.is_global == 0 {
-        log::error!(
-            "modify_qp: the address vector has no GRH: on this RoCE device the peer is named by \
-             its GID (run ibv_rc_pingpong with -g 0)"
-        );
-        return libc::EINVAL;
+    let mut mask = mask;
+    let mut dgid = Gid(a.ah_attr.grh.dgid);
+    if mask.contains(QpAttrMask::AV) {
+        let to_rtr = mask.contains(QpAttrMask::STATE) && a.qp_state == QpState::Rtr.to_ibv();
+        if !to_rtr && av::ignorable_after_rtr(&a.ah_attr, "modify_qp") {
+            mask.remove(QpAttrMask::AV);
+        } else {
+            match av::peer(&a.ah_attr, "modify_qp") {
+                Ok(ip) => dgid = Gid::from_ipv4(ip),
+                Err(e) => return e,
+            }
+        }
     }
     if mask.contains(QpAttrMask::CAP) {
         log::error!("modify_qp: changing the QP's capabilities is not supported");
@@ -149,7 +156,7 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         rq_psn: a.rq_psn,
         sq_psn: a.sq_psn,
         qp_access_flags: a.qp_access_flags,
-        dgid: Gid(a.ah_attr.grh.dgid),
+        dgid,
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,

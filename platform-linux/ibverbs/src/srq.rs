@@ -28,9 +28,10 @@ use bluerdma_linux::verbs::Qp as VQp;
 
 use crate::abi::*;
 use crate::caps::MAX_SRQ_WR;
-use crate::context::Ctx;
-use crate::errors::null;
+use crate::errors::{errno_rc, null};
 use crate::handle::free;
+use crate::live::{self, Kind};
+use crate::pd::Pd;
 
 /// Receive WRs of the pool each attached QP keeps posted.
 const SHARE: u32 = 16;
@@ -252,15 +253,11 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
     pd: *mut IbvPd,
     init: *mut IbvSrqInitAttr,
 ) -> *mut IbvSrq {
-    if pd.is_null() || init.is_null() {
+    if live::check(Kind::Pd, pd, "create_srq").is_err() || init.is_null() {
         return null(libc::EINVAL);
     }
-    // SAFETY: the caller passes a PD and an initialised ibv_srq_init_attr.
+    // SAFETY: a live PD, and the caller's initialised ibv_srq_init_attr.
     let (ctx, a) = unsafe { ((*pd).context, &mut *init) };
-    // SAFETY: a PD's context is open.
-    if unsafe { Ctx::from_ibv(ctx) }.is_none() {
-        return null(libc::EINVAL);
-    }
     if a.attr.max_wr > MAX_SRQ_WR || a.attr.max_sge > 1 {
         log::error!(
             "create_srq: max_wr {} (<= {MAX_SRQ_WR}) or max_sge {} (1) out of range",
@@ -289,18 +286,35 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
         }),
         max_wr,
     });
-    Box::into_raw(b) as *mut IbvSrq
+    // SAFETY: a live PD.
+    unsafe { Pd::of(pd) }.hold();
+    let s = Box::into_raw(b);
+    live::add(Kind::Srq, s, ctx);
+    s as *mut IbvSrq
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
-    // SAFETY: the caller passes a live SRQ.
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_destroy_srq(srq) })
+}
+
+/// The work of [`bv_ibv_destroy_srq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
+    if let Err(e) = live::check(Kind::Srq, srq, "destroy_srq") {
+        return e;
+    }
+    // SAFETY: a live SRQ.
     let Some(s) = (unsafe { Srq::from_ibv(srq as *mut c_void) }) else {
         return libc::EINVAL;
     };
     if s.pool.has_members() {
+        log::error!("destroy_srq: QPs still take their receive WRs from it");
         return libc::EBUSY;
     }
+    live::take(Kind::Srq, srq);
+    // SAFETY: a live SRQ's PD outlives it (it refuses to go while the SRQ lives).
+    unsafe { Pd::of((*srq).pd) }.release();
     // SAFETY: made by ibv_create_srq; the caller gives it up.
     unsafe { free::<Srq, _>(srq) }
 }
@@ -311,6 +325,12 @@ pub unsafe extern "C" fn bv_ibv_modify_srq(
     attr: *mut IbvSrqAttr,
     mask: c_int,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_modify_srq(srq, attr, mask) })
+}
+
+/// The work of [`bv_ibv_modify_srq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_modify_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
     // SAFETY: the caller passes a live SRQ.
     if unsafe { Srq::from_ibv(srq as *mut c_void) }.is_none() || attr.is_null() {
         return libc::EINVAL;
@@ -325,6 +345,12 @@ pub unsafe extern "C" fn bv_ibv_modify_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_srq(srq, attr) })
+}
+
+/// The work of [`bv_ibv_query_srq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
     // SAFETY: the caller passes a live SRQ.
     let Some(s) = (unsafe { Srq::from_ibv(srq as *mut c_void) }) else {
         return libc::EINVAL;
