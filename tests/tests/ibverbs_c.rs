@@ -27,6 +27,7 @@ const PROGRAMS: &[&str] = &[
     "ud",
     "careless",
     "cq_overrun",
+    "av_habits",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the
