@@ -28,6 +28,7 @@ const PROGRAMS: &[&str] = &[
     "careless",
     "cq_overrun",
     "av_habits",
+    "peer_death",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the

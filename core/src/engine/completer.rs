@@ -240,6 +240,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.flush_qp(i);
     }
 
+    /// QP `i` goes to ERR on its own (its CQ overran, its peer is gone): its work is
+    /// flushed and QP_FATAL raised.
+    pub(crate) fn fatal(&mut self, i: QpIndex) {
+        self.qp(i).attrs.state = QpState::Err;
+        self.flush_qp(i);
+        let qpn = self.qp(i).attrs.qpn;
+        self.events
+            .raise(super::events::AsyncEvent::QpFatal { qpn });
+    }
+
     /// Completes every outstanding WQE and receive WR of QP `i` with WR_FLUSH_ERR.
     pub(crate) fn flush_qp(&mut self, i: QpIndex) {
         while self.retire_head(i, WcStatus::WrFlushErr).is_some() {}

@@ -5,7 +5,6 @@
 
 use super::error::VerbsError;
 use super::events::AsyncEvent;
-use super::qp::QpIndex;
 use super::ranges::Range;
 use super::storage::CqRing;
 use super::wr::WorkCompletion;
@@ -198,13 +197,5 @@ impl<P: Platform, S: Storage> Device<P, S> {
             }
         }
         true
-    }
-
-    /// QP `i` goes to ERR on its own: its work is flushed and QP_FATAL raised.
-    pub(crate) fn fatal(&mut self, i: QpIndex) {
-        self.qp(i).attrs.state = QpState::Err;
-        self.flush_qp(i);
-        let qpn = self.qp(i).attrs.qpn;
-        self.events.raise(AsyncEvent::QpFatal { qpn });
     }
 }

@@ -211,10 +211,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
     }
 
-    /// The out-of-band connection to `peer` broke. Only what needs the channel fails: a QP
-    /// with a SEND waiting for the peer's receive WR goes to ERR (its WRs flushed). Others
-    /// keep running, as on a real card when a peer process exits: WRITEs and READs use the
-    /// link, receive WRs stay posted, and a later SEND fails at once.
+    /// The out-of-band connection to `peer` broke: the peer is gone (its process exited or
+    /// closed the device). What depends on the channel fails, so that nobody waits for it
+    /// forever: a QP with a SEND waiting for the peer's receive WR, and a QP that announced
+    /// receive WRs to the peer (a passive receiver, which would otherwise never learn), go
+    /// to ERR with their work flushed (WR_FLUSH_ERR) and raise QP_FATAL. The receive WRs
+    /// the peer announced are dropped. Other QPs keep running, as on a real card: WRITEs
+    /// and READs use the link, and a later SEND fails at once.
     fn on_peer_lost(&mut self, peer: Ipv4Addr) {
         for i in self.qp_indices() {
             let a = self.qp(i).attrs;
@@ -225,11 +228,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let waiting = (sq.sent()..sq.len())
                 .filter_map(|k| sq.get(k))
                 .any(|w| w.needs_recv() && w.state == WqeState::Pending);
+            let receiving = self.qp(i).rq.posted() > 0;
             self.stats.peers_lost += 1;
             self.qp(i).rq.oob_lost = true;
-            if waiting {
-                self.qp(i).attrs.state = QpState::Err;
-                self.flush_qp(i);
+            // The peer's announced receive WRs went with it.
+            while self.next_remote(i).is_some() {
+                self.pop_remote(i);
+            }
+            if waiting || receiving {
+                core_warn!(
+                    "QP {:#x}: the out-of-band connection to {} is lost: QP to ERR",
+                    a.qpn.get(),
+                    peer
+                );
+                self.fatal(i);
             }
         }
     }
