@@ -23,6 +23,7 @@ const PROGRAMS: &[&str] = &[
     "multi_round_write",
     "event_channel",
     "srq",
+    "srq_starve",
     "sge",
     "ud",
     "careless",

@@ -236,7 +236,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.pop_remote(i);
             }
             if waiting || receiving {
-                core_warn!(
+                core_debug!(
                     "QP {:#x}: the out-of-band connection to {} is lost: QP to ERR",
                     a.qpn.get(),
                     peer

@@ -46,7 +46,7 @@ pub(crate) fn on_event(dev: &'static Device, e: AsyncEvent) {
                 found = true;
             }
             (AsyncEvent::QpFatal { qpn }, Kind::Qp, Some(h)) if h == qpn.get() => {
-                log::warn!("QP {h:#x} went to ERR: IBV_EVENT_QP_FATAL");
+                log::info!("QP {h:#x} went to ERR: IBV_EVENT_QP_FATAL");
                 ctx.post_event(p as *mut c_void, IBV_EVENT_QP_FATAL);
                 found = true;
             }
