@@ -50,6 +50,7 @@
 //!    - `rc_rings`: an RC QP's inline and gather rings.
 //!    - `rc_qp`: RC QPs: create, modify, query (the one reader of the engine's QP query).
 //!    - `ah`: address handles.
+//!    - `ud_reassembly`: UD datagrams of several frames put back together.
 //!    - `ud_rx`: the UD receive side: the per-engine frame dispatcher, a QP's receive queue.
 //!    - `ud_qp`: UD QPs: create, modify, query.
 //! 4. The post and poll paths:
@@ -93,6 +94,7 @@ mod rc_qp;
 mod rc_rings;
 mod srq;
 mod ud_qp;
+mod ud_reassembly;
 mod ud_rx;
 // 4. The post and poll paths.
 mod poll;

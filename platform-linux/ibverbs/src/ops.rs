@@ -98,10 +98,11 @@ unsafe fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
     if let Some(e) = c.started_engine() {
         log::info!("bluerdma{} closed: {:?}", c.dev.index, e.stats());
         log::info!("bluerdma{} card: {}", c.dev.index, e.card_stats());
-        if let Some([malformed, no_qp, qkey, no_buffer]) = ud_rx::drops(&e) {
+        if let Some([malformed, no_qp, qkey, no_buffer, broken]) = ud_rx::drops(&e) {
             log::info!(
                 "bluerdma{} UD datagrams dropped: {malformed} malformed, {no_qp} for no ready \
-                 QP, {qkey} for a wrong Q_Key, {no_buffer} for no receive buffer",
+                 QP, {qkey} for a wrong Q_Key, {no_buffer} for no receive buffer, {broken} \
+                 missing a frame",
                 c.dev.index
             );
         }
