@@ -55,17 +55,17 @@ impl Capacity {
 }
 
 impl Default for Capacity {
-    /// The card's tables (1023 QPs, 8192 MR slots), 1024 CQs, and 64 Ki send WQEs, 128 Ki
-    /// completions and 128 Ki receive WRs shared by them: one QP may be 8192 deep with 6
-    /// SGEs per request, or all 1023 of them 32 deep.
+    /// The card's tables (1023 QPs, 8192 MR slots), 1024 CQs, and 128 Ki send WQEs, 128 Ki
+    /// completions and 256 Ki receive WRs shared by them: two QPs may be 8192 deep with 6
+    /// SGEs per request, or all 1023 of them 100 deep (about 25 MiB in all).
     fn default() -> Self {
         Self {
             qps: QP_TABLE_LEN as usize - 1,
-            wqes: 64 * 1024,
+            wqes: 128 * 1024,
             cqs: 1024,
             cqes: 128 * 1024,
             mrs: MR_TABLE_LEN as usize,
-            recvs: 128 * 1024,
+            recvs: 256 * 1024,
             // Eight peers announcing a 512-entry receive queue each before we connect.
             early_recvs: 4096,
         }

@@ -674,11 +674,11 @@ impl Pd {
     }
 }
 
-/// The queue sizes of a QP made by [`Pd::create_qp`]: 512 send requests and 512 receive
-/// WRs.
+/// The queue sizes of a QP made by [`Pd::create_qp`]: 256 send requests and 256 receive
+/// WRs (256 such QPs fit a device's tables).
 pub const DEFAULT_QP_CAPS: QpCaps = QpCaps {
-    max_send_wr: 512,
-    max_recv_wr: 512,
+    max_send_wr: 256,
+    max_recv_wr: 256,
     read_responses: bluerdma_core::engine::READ_RESPONSE_ROOM,
 };
 

@@ -135,7 +135,7 @@ static struct ibv_qp *new_qp(struct end *e, const struct pair_opts *o)
                 .max_send_wr = o->max_send_wr ? o->max_send_wr : 64,
                 .max_recv_wr = o->max_recv_wr ? o->max_recv_wr : 64,
                 .max_send_sge = o->max_send_sge ? o->max_send_sge : 1,
-                .max_recv_sge = 1,
+                .max_recv_sge = o->max_recv_sge && !e->srq ? o->max_recv_sge : 1,
             },
     };
     struct ibv_qp *qp = ibv_create_qp(e->pd, &init);

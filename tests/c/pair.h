@@ -37,6 +37,7 @@ struct pair_opts {
     uint32_t max_send_wr; /* 0: 64 */
     uint32_t max_recv_wr; /* 0: 64 */
     uint32_t max_send_sge; /* 0: 1 */
+    uint32_t max_recv_sge; /* 0: 1 */
     uint32_t srq_wr;      /* > 0: b's QP takes receives from an SRQ of this many WRs */
 };
 

@@ -30,6 +30,7 @@ const PROGRAMS: &[&str] = &[
     "cq_overrun",
     "av_habits",
     "peer_death",
+    "capacities",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the

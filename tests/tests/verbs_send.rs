@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
-use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WC_WITH_IMM};
+use bluerdma_core::engine::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WC_WITH_IMM};
 use bluerdma_core::qp::QpState;
 use bluerdma_linux::oob_hub::OobHub;
 use bluerdma_linux::{Context, Cq, DeviceSpec, Mr, Pd, Qp};
@@ -45,8 +45,14 @@ fn devices() -> (Context, Context, OobHub) {
 fn sides(a: &Context, b: &Context) -> (Side, Side) {
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
-    let qa = pa.create_qp(&ca, &ca).unwrap();
-    let qb = pb.create_qp(&cb, &cb).unwrap();
+    // ibv_rc_pingpong's 500 receive WRs fit.
+    let caps = QpCaps {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        ..QpCaps::default()
+    };
+    let qa = pa.create_qp_with(&ca, &ca, caps).unwrap();
+    let qb = pb.create_qp_with(&cb, &cb, caps).unwrap();
     (
         Side {
             pd: pa,

@@ -143,15 +143,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// itself (a READ response). `None` if the queue is empty.
     pub(crate) fn retire_head(&mut self, i: QpIndex, status: WcStatus) -> Option<Wqe> {
         let w = self.sq(i).pop()?;
-        let (qpn, cq) = {
+        let (qpn, cq) = (self.qp(i).attrs.qpn, self.qp(i).attrs.send_cq);
+        let wc = w.completion(status, qpn);
+        if !w.is_internal() {
             let q = self.qp(i);
-            if !w.is_internal() {
-                q.req.note_retired();
+            q.req.note_retired();
+            let slots = q.req.sq.retired(wc.is_some());
+            if let Some(mut wc) = wc {
+                wc.sq_slots = slots;
+                self.complete(cq, wc);
             }
-            (q.attrs.qpn, q.attrs.send_cq)
-        };
-        if let Some(wc) = w.completion(status, qpn) {
-            self.complete(cq, wc);
         }
         Some(w)
     }

@@ -136,6 +136,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
             *o = wc;
             n += 1;
         }
+        // Polled send completions give their QPs' places back.
+        for o in out[..n].iter_mut() {
+            let slots = core::mem::take(&mut o.sq_slots);
+            if slots > 0 {
+                if let Ok(i) = self.qp_index(crate::keys::Qpn::from_raw(o.qp_num)) {
+                    self.qp(i).req.sq.polled(slots);
+                }
+            }
+        }
         Ok(n)
     }
 

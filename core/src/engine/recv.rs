@@ -400,6 +400,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             qp_num: qpn.get(),
             src_qp: 0,
             wc_flags: 0,
+            sq_slots: 0,
         };
         self.complete(cq, wc);
         true

@@ -231,6 +231,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             qp_num: qpn.get(),
             src_qp: peer.get(),
             wc_flags: if with_imm { WC_WITH_IMM } else { 0 },
+            sq_slots: 0,
         };
         self.complete(cq, wc);
     }

@@ -89,12 +89,36 @@ pub(crate) struct SqCounters {
     sent: u32,
     /// Queued WQEs the engine made itself (READ responses).
     internal: u32,
+    /// Application requests that left the queue but whose completion (or, unsignaled, a
+    /// later one's) has not been polled: they still hold their place.
+    unpolled: u32,
+    /// Application requests that left the queue without a completion of their own since
+    /// the last one: the next completion frees their places too.
+    carry: u32,
     /// The application's requests the queue takes (`max_send_wr`).
     cap: u32,
     ring: Range,
 }
 
 impl SqCounters {
+    /// An application request left the queue; `completes` if it has a completion, which
+    /// then frees the places of the unsignaled ones before it when polled. Returns how many
+    /// places the completion frees (0 without one).
+    pub(crate) fn retired(&mut self, completes: bool) -> u32 {
+        self.unpolled += 1;
+        self.carry += 1;
+        if completes {
+            core::mem::take(&mut self.carry)
+        } else {
+            0
+        }
+    }
+
+    /// A completion that frees `slots` places was polled.
+    pub(crate) fn polled(&mut self, slots: u32) {
+        self.unpolled = self.unpolled.saturating_sub(slots);
+    }
+
     /// An empty queue of `cap` application requests in `ring`.
     pub(crate) fn new(cap: u32, ring: Range) -> Self {
         SqCounters {
@@ -149,9 +173,10 @@ impl<'a> SendQueue<'a> {
         self.c.len as usize >= self.ring.len()
     }
 
-    /// The application's requests fill the queue (`max_send_wr` of them are queued).
+    /// The application's requests fill the queue: `max_send_wr` of them are queued, or
+    /// left it with their completions not polled yet.
     pub(crate) fn is_full_for_app(&self) -> bool {
-        self.is_full() || self.c.len - self.c.internal >= self.c.cap
+        self.is_full() || self.c.len - self.c.internal + self.c.unpolled >= self.c.cap
     }
 
     /// The k-th WQE from the oldest.

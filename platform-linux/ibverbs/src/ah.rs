@@ -9,6 +9,7 @@ use bluerdma_core::qp::Gid;
 
 use crate::abi::*;
 use crate::av;
+use crate::caps::MAX_AH;
 use crate::errors::{errno_rc, null};
 use crate::handle::{free, own};
 use crate::live::{self, Kind};
@@ -30,6 +31,10 @@ pub unsafe extern "C" fn bv_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) 
     let (Some(p), false) = ((unsafe { own::<Pd, _>(pd) }), attr.is_null()) else {
         return null(libc::EINVAL);
     };
+    if live::count(Kind::Ah) >= MAX_AH as usize {
+        log::error!("create_ah: {MAX_AH} address handles exist (max_ah)");
+        return null(libc::ENOMEM);
+    }
     // SAFETY: the caller passes an ibv_ah_attr.
     let ip = match av::peer(unsafe { &*attr }, "create_ah") {
         Ok(ip) => ip,

@@ -26,6 +26,11 @@ pub(crate) const MAX_INLINE: u32 = 64;
 /// SGEs per RC send request (split or gathered by the library; receive WRs take one).
 pub(crate) const MAX_SGE: usize = 6;
 
+/// Protection domains (the engine's table: 1..=255).
+pub(crate) const MAX_PD: u32 = 255;
+/// Shared receive queues (pools of this library; a limit it enforces).
+pub(crate) const MAX_SRQ: u32 = 1024;
+
 /// Receive WRs an SRQ holds.
 pub(crate) const MAX_SRQ_WR: u32 = 16384;
 
@@ -33,7 +38,7 @@ pub(crate) const MAX_SRQ_WR: u32 = 16384;
 pub(crate) const UD_MAX_SGE: u32 = 8;
 /// Receive WRs a UD QP may hold.
 pub(crate) const UD_MAX_RECV_WR: u32 = 16384;
-/// Address handles per process (a limit reported, not enforced: each is a small box).
+/// Address handles per process (each is a small box; a limit this library enforces).
 pub(crate) const MAX_AH: c_int = 1 << 16;
 
 /// GID table: indexes 0 and 3 (the one NCCL picks on RoCE v2 / IPv4 hosts) hold the

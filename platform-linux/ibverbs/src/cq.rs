@@ -16,6 +16,7 @@ use crate::context::Ctx;
 use crate::errors::{errno_rc, fail, or_null};
 use crate::handle::own;
 use crate::live::{self, Kind};
+use crate::rc_scatter::ScatterUsers;
 use crate::srq::SrqMembers;
 
 #[repr(C)]
@@ -26,6 +27,8 @@ pub(crate) struct Cq {
     events: AtomicU32,
     /// The QPs receiving into this CQ from an SRQ.
     pub srq_members: Arc<SrqMembers>,
+    /// The QPs receiving into this CQ with receive WRs of several SGEs.
+    pub scatter: ScatterUsers,
     /// QPs completing into it (twice for a QP that sends and receives here):
     /// ibv_destroy_cq is refused (EBUSY) while any is left.
     users: AtomicU32,
@@ -104,6 +107,7 @@ unsafe fn create_cq(
         cq,
         events: AtomicU32::new(0),
         srq_members: Arc::default(),
+        scatter: ScatterUsers::default(),
         users: AtomicU32::new(0),
         _engine: engine,
     }));

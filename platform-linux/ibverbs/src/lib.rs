@@ -45,6 +45,7 @@
 //!    - `mr`: memory regions (and the fork verbs).
 //!    - `channel`: completion channels.
 //!    - `srq`: shared receive queues: the pool, the QPs it feeds, the SRQ verbs.
+//!    - `rc_scatter`: RC receive WRs of several SGEs, through a bounce ring.
 //!    - `cq`: completion queues and their channel events.
 //!    - `qp_base`: what RC and UD QPs share (type, CQs, initial `ibv_qp`).
 //!    - `rc_rings`: an RC QP's inline and gather rings.
@@ -92,6 +93,7 @@ mod pd;
 mod qp_base;
 mod rc_qp;
 mod rc_rings;
+mod rc_scatter;
 mod srq;
 mod ud_qp;
 mod ud_reassembly;

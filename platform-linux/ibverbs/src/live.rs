@@ -94,6 +94,11 @@ pub(crate) fn take<T>(kind: Kind, obj: *const T) -> bool {
     }
 }
 
+/// How many live objects of `kind` this process has (for limits the library enforces).
+pub(crate) fn count(kind: Kind) -> usize {
+    lock().iter().filter(|(_, e)| e.kind == kind).count()
+}
+
 /// The objects context `ctx` still holds, in the order they are to be destroyed.
 pub(crate) fn children(ctx: *mut IbvContext) -> Vec<(Kind, usize)> {
     let mut v: Vec<(Kind, usize)> = lock()

@@ -18,24 +18,27 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         fw_ver: [0; 64],
         node_guid: d.guid().to_be(),
         sys_image_guid: d.guid().to_be(),
-        max_mr_size: 1 << 40,
+        // The card's MR length field is 32 bits.
+        max_mr_size: u32::MAX as u64,
         page_size_cap: 0x1000 | 0x20_0000,
         // Xilinx's vendor id and a part id no tool knows: perftest then uses the classic
         // post path and no inline data (ibverbs-abi.md 3.2).
         vendor_id: 0x10ee,
         vendor_part_id: 0xb1e0,
         hw_ver: 1,
-        max_qp: cap.qps as c_int - 1,
+        max_qp: cap.qps as c_int,
         max_qp_wr: caps::MAX_QP_WR as c_int,
         // IBV_DEVICE_RC_RNR_NAK_GEN.
         device_cap_flags: 1 << 12,
-        // Send requests: several SGEs (split or gathered by the library); receive WRs: one.
+        // Several SGEs both ways: split or gathered by the library on send, bounced on
+        // receive (one for receives from an SRQ: max_srq_sge).
         max_sge: caps::MAX_SGE as c_int,
         max_sge_rd: caps::MAX_SGE as c_int,
         max_cq: cap.cqs as c_int,
         max_cqe: caps::MAX_CQE as c_int,
-        max_mr: cap.mrs as c_int,
-        max_pd: 1 << 16,
+        // MR table index 0 is the card's "no MR".
+        max_mr: cap.mrs as c_int - 1,
+        max_pd: caps::MAX_PD as c_int,
         max_qp_rd_atom: caps::MAX_RD_ATOM as c_int,
         max_ee_rd_atom: 0,
         max_res_rd_atom: caps::MAX_RD_ATOM as c_int * cap.qps as c_int,
@@ -53,7 +56,7 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         max_ah: caps::MAX_AH,
         max_fmr: 0,
         max_map_per_fmr: 0,
-        max_srq: cap.qps as c_int,
+        max_srq: caps::MAX_SRQ as c_int,
         max_srq_wr: caps::MAX_SRQ_WR as c_int,
         max_srq_sge: 1,
         max_pkeys: 1,

@@ -17,6 +17,7 @@ use crate::handle::own;
 use crate::pd::Pd;
 use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
 use crate::rc_rings::PostState;
+use crate::rc_scatter::QpScatter;
 use crate::srq::{Srq, SrqLink};
 
 #[repr(C)]
@@ -30,6 +31,8 @@ pub(crate) struct Qp {
     pub(crate) post: Mutex<PostState>,
     /// The shared receive queue this QP takes its receive WRs from.
     pub(crate) srq: Option<SrqLink>,
+    /// Its receive WRs of several SGEs, bounced (`rc_scatter.rs`).
+    pub(crate) scatter: Arc<Mutex<QpScatter>>,
 }
 
 impl Drop for Qp {
@@ -58,12 +61,13 @@ pub(crate) unsafe fn create(
     if cap.max_send_wr > max
         || cap.max_recv_wr > max
         || cap.max_send_sge > MAX_SGE as u32
-        || cap.max_recv_sge > 1
+        || cap.max_recv_sge > MAX_SGE as u32
+        || (srq.is_some() && cap.max_recv_sge > 1)
         || cap.max_inline_data > MAX_INLINE
     {
         log::error!(
             "create_qp: {cap:?} exceeds the device (max_send_wr and max_recv_wr {max}, {} \
-             send SGEs, 1 receive SGE, {} bytes of inline data)",
+             SGEs each way (1 for receives from an SRQ), {} bytes of inline data)",
             MAX_SGE,
             MAX_INLINE
         );
@@ -99,7 +103,11 @@ pub(crate) unsafe fn create(
         sq_sig_all: a.sq_sig_all != 0,
         post: Mutex::new(PostState::new(engine_caps.max_send_wr)),
         srq: srq.map(|pool| SrqLink::new(pool, Arc::clone(&rcq.srq_members))),
+        scatter: Arc::default(),
     });
+    if b.cap.max_recv_sge > 1 {
+        rcq.scatter.register(qpn, &b.scatter);
+    }
     if let Some(srq) = &b.srq {
         // The box does not move: the pointer stays valid until Drop detaches it.
         srq.attach(qpn, &b.qp);
@@ -173,6 +181,7 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         }
         if a.qp_state == QpState::Reset.to_ibv() {
             q.post.lock().unwrap_or_else(|e| e.into_inner()).reset();
+            q.scatter.lock().unwrap_or_else(|e| e.into_inner()).reset();
         }
     }
     0

@@ -30,7 +30,7 @@ use bluerdma_core::engine::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use bluerdma_linux::verbs::Qp as VQp;
 
 use crate::abi::*;
-use crate::caps::MAX_SRQ_WR;
+use crate::caps::{MAX_SRQ, MAX_SRQ_WR};
 use crate::errors::{errno_rc, null};
 use crate::handle::free;
 use crate::live::{self, Kind};
@@ -275,6 +275,10 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
 ) -> *mut IbvSrq {
     if live::check(Kind::Pd, pd, "create_srq").is_err() || init.is_null() {
         return null(libc::EINVAL);
+    }
+    if live::count(Kind::Srq) >= MAX_SRQ as usize {
+        log::error!("create_srq: {MAX_SRQ} SRQs exist (max_srq)");
+        return null(libc::ENOMEM);
     }
     // SAFETY: a live PD, and the caller's initialised ibv_srq_init_attr.
     let (ctx, a) = unsafe { ((*pd).context, &mut *init) };

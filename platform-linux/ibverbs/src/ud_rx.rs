@@ -203,6 +203,7 @@ impl UdShared {
             qp_num: self.qpn,
             src_qp: f.deth.src_qpn,
             wc_flags: IBV_WC_GRH | if f.imm.is_some() { WC_WITH_IMM } else { 0 },
+            ..WorkCompletion::EMPTY
         };
         if total > room {
             wc.status = WcStatus::LocLenErr;
