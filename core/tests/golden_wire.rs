@@ -9,7 +9,7 @@ use core::net::Ipv4Addr;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::oob::{
-    Capabilities, Hello, OobDecoder, OobError, OobMessage, Record, RecvTooShort, RecvWr,
+    Capabilities, Hello, OobDecoder, OobError, OobMessage, Proof, Record, RecvTooShort, RecvWr,
 };
 use bluerdma_core::wire::ipv4::ipv4_checksum;
 use bluerdma_core::wire::packet::udp_src_port_for;
@@ -388,9 +388,19 @@ const RECV_TOO_SHORT_RECORD: &str = "
     01 02 03 04 05 06 07 08 | 00 00 00 00 00 00 00 00 | 00 00 00 65 | 00 00 00 00
     00 01 23 ab | 00 00 00 01";
 
-/// The hello: "BRDM", version 1, reserved 0, capabilities RECV_WR_RECORDS (bit 0) and
-/// LENGTH_ERRORS (bit 1), device IP 17.34.51.10.
-const HELLO: &str = "42 52 44 4d | 00 01 | 00 00 | 00 00 00 03 | 11 22 33 0a";
+/// The hello: "BRDM", version 2, reserved 0, capabilities RECV_WR_RECORDS (bit 0) and
+/// LENGTH_ERRORS (bit 1), device IP 17.34.51.10, nonce 00..0f.
+const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 03 | 11 22 33 0a
+    00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f";
+
+/// A proof: 32 opaque bytes after the hello.
+const PROOF: &str = "
+    a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5
+    a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5 a5";
+
+fn hello_a() -> Hello {
+    Hello::new(IP_A).with_nonce([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
+}
 
 fn recv_wr() -> RecvWr {
     RecvWr {
@@ -430,7 +440,7 @@ fn recv_too_short_record_vector() {
 #[test]
 fn hello_vector() {
     let expected = hex(HELLO);
-    let hello = Hello::new(IP_A);
+    let hello = hello_a();
     assert_eq!(
         hello.capabilities,
         Capabilities::RECV_WR_RECORDS | Capabilities::LENGTH_ERRORS
@@ -442,6 +452,7 @@ fn hello_vector() {
 #[test]
 fn decoder_reads_the_literal_stream() {
     let mut stream = hex(HELLO);
+    stream.extend(hex(PROOF));
     stream.extend(hex(RECV_WR_RECORD));
     stream.extend(hex(RECV_TOO_SHORT_RECORD));
     stream.extend(hex(RECV_WR_RECORD));
@@ -449,7 +460,11 @@ fn decoder_reads_the_literal_stream() {
     let mut input = &stream[..];
     assert_eq!(
         dec.decode(&mut input),
-        Ok(Some(OobMessage::Hello(Hello::new(IP_A))))
+        Ok(Some(OobMessage::Hello(hello_a())))
+    );
+    assert_eq!(
+        dec.decode(&mut input),
+        Ok(Some(OobMessage::Proof(Proof([0xa5; 32]))))
     );
     assert_eq!(
         dec.decode(&mut input),

@@ -7,7 +7,7 @@ use core::net::Ipv4Addr;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::oob::{
-    Capabilities, Hello, OobDecoder, OobError, OobMessage, Record, RecvTooShort, RecvWr,
+    Capabilities, Hello, OobDecoder, OobError, OobMessage, Proof, Record, RecvTooShort, RecvWr,
 };
 use bluerdma_core::wire::packet::WireProfile;
 use bluerdma_core::wire::{
@@ -231,9 +231,10 @@ fn message_of(r: &Record) -> OobMessage {
 }
 
 fn hello() -> impl Strategy<Value = Hello> {
-    (any::<u32>(), ip()).prop_map(|(caps, device_ip)| Hello {
+    (any::<u32>(), ip(), any::<[u8; 16]>()).prop_map(|(caps, device_ip, nonce)| Hello {
         capabilities: Capabilities::from_bits_retain(caps),
         device_ip,
+        nonce,
     })
 }
 
@@ -381,7 +382,7 @@ proptest! {
     ) {
         let mut dec = if hello_first { OobDecoder::new() } else { OobDecoder::without_hello() };
         let mut input = &bytes[..];
-        // Each call either yields a message (consuming at least 16 bytes), asks for more
+        // Each call either yields a message (consuming 32 bytes), asks for more
         // (consuming everything) or fails for good: bounded by the input length.
         for _ in 0..=bytes.len() {
             match dec.decode(&mut input) {
@@ -453,14 +454,16 @@ proptest! {
     #[test]
     fn any_split_of_a_stream_gives_the_same_messages(
         h in hello(),
+        proof in any::<[u8; 32]>(),
         records in proptest::collection::vec(record(), 0..8),
         cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..12),
     ) {
         let mut stream = h.to_bytes().to_vec();
+        stream.extend_from_slice(&proof);
         for r in &records {
             stream.extend_from_slice(&r.to_bytes().unwrap());
         }
-        let mut expected = vec![OobMessage::Hello(h)];
+        let mut expected = vec![OobMessage::Hello(h), OobMessage::Proof(Proof(proof))];
         expected.extend(records.iter().map(message_of));
 
         let mut points: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();

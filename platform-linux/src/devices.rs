@@ -4,15 +4,17 @@
 //! Several devices can share one host (blue0 and blue1 on distinct IPs), each with its own
 //! out-of-band listener ([`crate::oob`]). The list comes from the environment variable
 //! `BLUERDMA_DEVICES` ([`DEVICES_ENV`]), which holds either
-//! - the path of a file with one device per line, `name ip [mac]`, where `#` starts a
-//!   comment and blank lines are skipped:
+//! - the path of a file with one device per line, `name ip [mac] [key=PATH]`, where `#`
+//!   starts a comment and blank lines are skipped; `key=` names the device's OOB key file
+//!   ([`crate::oob::OobKey`]; without it the device uses the default key):
 //!   ```text
-//!   # name  ip          mac (optional)
-//!   blue0   17.34.51.10 02:bd:bd:00:00:00
+//!   # name  ip          mac (optional)     OOB key file (optional)
+//!   blue0   17.34.51.10 02:bd:bd:00:00:00  key=/etc/bluerdma/oob.key
 //!   blue1   17.34.51.11
 //!   ```
 //! - or the list inline, `name=ip[@mac]` separated by commas:
-//!   `BLUERDMA_DEVICES="blue0=127.0.0.1,blue1=127.0.0.2"`.
+//!   `BLUERDMA_DEVICES="blue0=127.0.0.1,blue1=127.0.0.2"` (its devices use the default OOB
+//!   key, or the file `BLUERDMA_OOB_KEY` names).
 //!
 //! Unset (or empty), the list is blue0 = 127.0.0.1 and blue1 = 127.0.0.2. A device without
 //! a MAC gets 02:00 followed by its IP's four octets (locally administered, unique per IP).
@@ -21,7 +23,7 @@
 
 use std::fmt;
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bluerdma_core::desc::MacAddr;
 
@@ -39,6 +41,8 @@ pub struct DeviceEntry {
     pub ip: Ipv4Addr,
     /// The device's MAC.
     pub mac: MacAddr,
+    /// The device's OOB key file (`key=`); `None`: the default key.
+    pub oob_key: Option<PathBuf>,
 }
 
 impl DeviceEntry {
@@ -49,6 +53,7 @@ impl DeviceEntry {
             name: name.into(),
             ip,
             mac: MacAddr::new([0x02, 0x00, o[0], o[1], o[2], o[3]]),
+            oob_key: None,
         }
     }
 
@@ -56,6 +61,7 @@ impl DeviceEntry {
     pub fn spec(&self) -> DeviceSpec {
         let mut spec = DeviceSpec::new(&self.name, self.ip);
         spec.mac = self.mac;
+        spec.oob_key = self.oob_key.clone();
         spec
     }
 }
@@ -157,16 +163,25 @@ impl DeviceList {
                 line: Some(index + 1),
                 message,
             };
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let entry = match fields.as_slice() {
+            let mut fields: Vec<&str> = line.split_whitespace().collect();
+            let key = match fields.last().and_then(|f| f.strip_prefix("key=")) {
+                Some("") => return Err(fail("`key=` needs the path of a key file".into())),
+                Some(path) => {
+                    fields.pop();
+                    Some(PathBuf::from(path))
+                }
+                None => None,
+            };
+            let mut entry = match fields.as_slice() {
                 [name, ip] => parse_entry(name, ip, None),
                 [name, ip, mac] => parse_entry(name, ip, Some(mac)),
                 _ => Err(format!(
-                    "`{line}`: expected `name ip [mac]`, found {} fields",
-                    fields.len()
+                    "`{line}`: expected `name ip [mac] [key=PATH]`, found {} fields",
+                    fields.len() + usize::from(key.is_some())
                 )),
             }
             .map_err(fail)?;
+            entry.oob_key = key;
             list.add(entry).map_err(fail)?;
         }
         list.non_empty(source)
@@ -377,6 +392,19 @@ mod tests {
         assert!(err.message.contains("aliases"), "{err}");
         let err = DeviceList::parse_file("blue0 0.0.0.0\n", "d.conf").unwrap_err();
         assert!(err.message.contains("cannot be a device address"), "{err}");
+        let with_key =
+            "blue0 10.0.0.1 key=/etc/bluerdma/oob.key\nblue1 10.0.0.2 02:bd:bd:00:00:01 key=k\n";
+        let list = DeviceList::parse_file(with_key, "d.conf").unwrap();
+        let key = |name| list.get(name).unwrap().oob_key.clone();
+        assert_eq!(key("blue0"), Some(PathBuf::from("/etc/bluerdma/oob.key")));
+        assert_eq!(key("blue1"), Some(PathBuf::from("k")));
+        assert_eq!(list.get("blue1").unwrap().spec().oob_key, key("blue1"));
+        assert_eq!(
+            list.get("blue1").unwrap().mac,
+            MacAddr::new([2, 0xbd, 0xbd, 0, 0, 1])
+        );
+        let err = DeviceList::parse_file("blue0 10.0.0.1 key=\n", "d.conf").unwrap_err();
+        assert!(err.message.contains("needs the path"), "{err}");
         let err = DeviceList::parse_file("# nothing\n", "d.conf").unwrap_err();
         assert_eq!(err.to_string(), "d.conf: the device list is empty");
     }

@@ -92,6 +92,9 @@ pub struct DeviceSpec {
     /// same. 0 by default; tests set 0xFFFFF0 to cross the 24-bit wrap. A value in
     /// 0x7FFFF0..=0xFFFF7F is refused when the device opens (the card cannot take it).
     pub wire_psn_start: u32,
+    /// The OOB channel's key file (`key=` in the device list); `None`: the default key
+    /// ([`crate::oob::OobKey::Default`]).
+    pub oob_key: Option<std::path::PathBuf>,
 }
 
 impl DeviceSpec {
@@ -106,6 +109,7 @@ impl DeviceSpec {
             page_size: PageSize::Size2M,
             strict_pd: false,
             wire_psn_start: 0,
+            oob_key: None,
         }
     }
 }
@@ -281,11 +285,18 @@ impl Context {
         };
         let mut cfg = crate::oob::TcpOobConfig::new(spec.ip);
         cfg.port = oob_port;
+        if let Some(path) = &spec.oob_key {
+            cfg.key = crate::oob::OobKey::File(path.clone());
+        }
         let oob = crate::oob::TcpOob::bind(cfg).map_err(|e| {
             log::error!("open {}: {e}", spec.name);
             match &e {
                 crate::oob::TcpOobError::Listen { source, .. }
                 | crate::oob::TcpOobError::Setup(source) => fail(source),
+                // The key file cannot be read or is unsafe (the log says which).
+                crate::oob::TcpOobError::Key(_) => {
+                    fail(&std::io::Error::from_raw_os_error(libc::EACCES))
+                }
             }
         })?;
         Self::open_emulated_with_oob(spec, link, Some(Box::new(oob)))

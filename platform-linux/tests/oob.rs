@@ -1,153 +1,28 @@
 //! The out-of-band TCP channel over real sockets on 127.0.0.x with test-chosen ports:
 //! records both ways in order over exactly one connection per IP pair, simultaneous first
 //! sends, a lost peer and its replacement, garbage on the port (bad magic, truncated record,
-//! another version, a spoofed hello, 1000 idle connections, an unknown record kind), bounded
-//! send queues, receive-WR-too-short records only to peers that announce them, and a second
-//! instance on the same address in this and in another process.
+//! another version, a hello naming another address, 1000 idle connections, an unknown
+//! record kind), bounded send queues, receive-WR-too-short records only to peers that
+//! announce them, and a second instance on the same address in this and in another
+//! process. `oob/auth.rs`: spoofed, replayed and unproven hellos, different keys, old
+//! peers and key files.
 
-use std::fs;
+#[path = "oob/auth.rs"]
+mod auth;
+#[path = "oob/support.rs"]
+mod support;
+
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::{Mutex, Once};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bluerdma_core::oob::{
-    Capabilities, Hello, RecvTooShort, RecvWr, HELLO_MAGIC, OOB_PROTOCOL_VERSION,
+    Capabilities, Hello, RecvTooShort, HELLO_LEN, HELLO_MAGIC, OOB_PROTOCOL_VERSION, PROOF_LEN,
 };
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 use bluerdma_linux::oob::{TcpOob, TcpOobConfig, TcpOobError, OOB_PORT};
-use socket2::{Domain, Protocol, Socket, Type};
-
-const IP_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
-const IP_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-
-/// Every log line of the process, so tests can check that errors name the problem.
-static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct CaptureLogger;
-
-impl log::Log for CaptureLogger {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record) {
-        let line = format!("{} {}", record.level(), record.args());
-        LOG.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-    }
-    fn flush(&self) {}
-}
-
-fn capture_logs() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        log::set_logger(&CaptureLogger).unwrap();
-        log::set_max_level(log::LevelFilter::Info);
-    });
-}
-
-/// The captured lines that contain all of `needles`.
-fn logged(needles: &[&str]) -> Vec<String> {
-    let log = LOG.lock().unwrap_or_else(|e| e.into_inner());
-    log.iter()
-        .filter(|line| needles.iter().all(|n| line.contains(n)))
-        .cloned()
-        .collect()
-}
-
-fn config(ip: Ipv4Addr, port: u16) -> TcpOobConfig {
-    let mut cfg = TcpOobConfig::new(ip);
-    cfg.port = port;
-    cfg.connect_timeout = Duration::from_secs(2);
-    cfg.hello_timeout = Duration::from_secs(2);
-    cfg
-}
-
-/// A on 127.0.0.1 and B on 127.0.0.2, listening on the same free port.
-fn pair_with(tweak: impl Fn(&mut TcpOobConfig)) -> (TcpOob, TcpOob) {
-    capture_logs();
-    for _ in 0..20 {
-        let mut a = config(IP_A, 0);
-        tweak(&mut a);
-        let a = TcpOob::bind(a).unwrap();
-        let mut b = config(IP_B, a.local_addr().port());
-        tweak(&mut b);
-        if let Ok(b) = TcpOob::bind(b) {
-            return (a, b);
-        }
-    }
-    panic!("no port free on both 127.0.0.1 and 127.0.0.2");
-}
-
-fn pair() -> (TcpOob, TcpOob) {
-    pair_with(|_| {})
-}
-
-fn wait_until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn next_event(oob: &mut TcpOob, what: &str) -> OobEvent {
-    wait_until(what, || oob.poll())
-}
-
-fn record(i: u64) -> RecvWr {
-    RecvWr {
-        wr_id: i,
-        addr: 0x7f00_0000_0000 + i * 4096,
-        length: (i as u32).wrapping_mul(7),
-        lkey: 0x100 | (i as u32 & 0xff),
-        qpn: (i as u32 % 1000) << 8 | 0x2a,
-    }
-}
-
-/// Sends, retrying while the transport says its queue is full.
-fn send(oob: &mut TcpOob, peer: Ipv4Addr, wr: &RecvWr) {
-    loop {
-        match oob.send(peer, wr) {
-            Ok(()) => return,
-            Err(PlatformError::WouldBlock) => thread::sleep(Duration::from_micros(100)),
-            Err(e) => panic!("send to {peer} failed: {e}"),
-        }
-    }
-}
-
-/// Established TCP connections between `a` and `b` whose listening end is on `port`,
-/// from /proc/net/tcp (one line per socket; the listening end's line counts each once).
-fn connections(a: Ipv4Addr, b: Ipv4Addr, port: u16) -> usize {
-    let parse = |field: &str| {
-        let (ip, port) = field.split_once(':').unwrap();
-        // The kernel prints the address as the u32 in host (little-endian) order.
-        let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).unwrap().to_le_bytes());
-        (ip, u16::from_str_radix(port, 16).unwrap())
-    };
-    let text = fs::read_to_string("/proc/net/tcp").unwrap();
-    text.lines()
-        .skip(1)
-        .filter(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (local, remote) = (parse(fields[1]), parse(fields[2]));
-            fields[3] == "01"
-                && local.1 == port
-                && ((local.0 == a && remote.0 == b) || (local.0 == b && remote.0 == a))
-        })
-        .count()
-}
-
-fn wait_one_connection(a: &TcpOob, b: &TcpOob) {
-    let port = a.local_addr().port();
-    wait_until("exactly one connection in /proc/net/tcp", || {
-        let both_open = a.stats().open_connections == 1 && b.stats().open_connections == 1;
-        (both_open && connections(IP_A, IP_B, port) == 1).then_some(())
-    });
-}
+use support::*;
 
 #[test]
 fn thousands_of_records_both_ways_arrive_intact_in_order_over_one_connection() {
@@ -190,10 +65,13 @@ fn thousands_of_records_both_ways_arrive_intact_in_order_over_one_connection() {
     assert_eq!(sa.peers_lost + sb.peers_lost, 0);
     assert_eq!(a.connected_peers(), [IP_B]);
     assert_eq!(b.connected_peers(), [IP_A]);
-    // The records and a hello (two if this side's dial lost a dial race).
+    // The records and the handshake: a hello and a proof, plus a hello (and a proof)
+    // on a dial that lost a dial race, or a hello on a refused one.
+    let handshake = (HELLO_LEN + PROOF_LEN) as u64;
     for s in [sa, sb] {
         let overhead = s.bytes_written - 32 * N;
-        assert!(overhead == 16 || overhead == 32, "{s}");
+        let extra = [0, HELLO_LEN as u64, handshake].map(|e| handshake + e);
+        assert!(extra.contains(&overhead), "{s}");
     }
     // Shown with --nocapture: how many records one write carried on average.
     println!(
@@ -331,8 +209,8 @@ fn a_second_connection_from_a_connected_peer_is_refused_or_replaces_the_first() 
     send(&mut a, IP_B, &record(1));
     next_event(&mut b, "record at B");
     let mut raw = RawPeer::connect(IP_B, a.local_addr());
-    raw.send(&Hello::new(IP_B).to_bytes());
-    assert_eq!(raw.read_to_close(), b"");
+    raw.handshake(IP_B, Capabilities::OURS, SECRET);
+    assert_eq!(raw.read_to_close(), b"", "closed before A's proof");
     let s = a.stats();
     assert_eq!(
         (s.race_closed, s.peers_lost, s.established),
@@ -347,10 +225,8 @@ fn a_second_connection_from_a_connected_peer_is_refused_or_replaces_the_first() 
     send(&mut b, IP_A, &record(1));
     next_event(&mut a, "record at A");
     let mut raw = RawPeer::connect(IP_B, a.local_addr());
-    raw.send(&Hello::new(IP_B).to_bytes());
-    let mut reply = [0u8; 16];
-    raw.0.read_exact(&mut reply).unwrap();
-    assert_eq!(reply, Hello::new(IP_A).to_bytes());
+    let theirs = raw.handshake_accepted(IP_B, Capabilities::OURS);
+    assert_eq!(theirs.device_ip, IP_A);
     raw.send(&record(9).to_bytes().unwrap());
     assert_eq!(
         next_event(&mut a, "PeerLost for the old connection"),
@@ -369,71 +245,6 @@ fn a_second_connection_from_a_connected_peer_is_refused_or_replaces_the_first() 
     );
     let s = a.stats();
     assert_eq!((s.established, s.open_connections), (2, 1), "{s}");
-}
-
-/// A hand-made client: any bytes, from any 127.0.0.x source address.
-struct RawPeer(TcpStream);
-
-impl RawPeer {
-    fn connect(from: Ipv4Addr, to: SocketAddrV4) -> RawPeer {
-        Self::try_connect(from, to).unwrap_or_else(|e| panic!("connect {from} -> {to}: {e}"))
-    }
-
-    /// As `connect`, returning the error. A flood client can see the server's refusal
-    /// (accept, then close) as a reset before its own `connect` returns.
-    fn try_connect(from: Ipv4Addr, to: SocketAddrV4) -> std::io::Result<RawPeer> {
-        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
-        socket.bind(&SocketAddrV4::new(from, 0).into())?;
-        socket.connect(&to.into())?;
-        let stream: TcpStream = socket.into();
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        Ok(RawPeer(stream))
-    }
-
-    fn send(&mut self, bytes: &[u8]) {
-        self.0.write_all(bytes).unwrap();
-    }
-
-    /// Everything the other side sends until it closes.
-    fn read_to_close(&mut self) -> Vec<u8> {
-        let mut got = vec![];
-        let mut buf = [0u8; 256];
-        loop {
-            match self.0.read(&mut buf) {
-                Ok(0) => return got,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                // A reset also ends the connection (data that arrived first was read).
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
-                Err(e) => panic!("raw peer read: {e}"),
-            }
-        }
-    }
-}
-
-/// A's listening address; after the garbage, A and B still exchange records both ways.
-fn still_works(a: &mut TcpOob, b: &mut TcpOob, tag: u64) {
-    send(a, IP_B, &record(tag));
-    send(b, IP_A, &record(tag + 1));
-    assert_eq!(
-        next_event(b, "record at B after the garbage"),
-        OobEvent::RecvWr {
-            from: IP_A,
-            wr: record(tag)
-        }
-    );
-    assert_eq!(
-        next_event(a, "record at A after the garbage"),
-        OobEvent::RecvWr {
-            from: IP_B,
-            wr: record(tag + 1)
-        }
-    );
-}
-
-fn hello_with_version(ip: Ipv4Addr, version: u16) -> [u8; 16] {
-    let mut hello = Hello::new(ip).to_bytes();
-    hello[4..6].copy_from_slice(&version.to_be_bytes());
-    hello
 }
 
 #[test]
@@ -457,14 +268,8 @@ fn a_truncated_record_then_close_is_logged_and_the_peer_lost() {
     let addr = a.local_addr();
     let from = Ipv4Addr::new(127, 0, 0, 4);
     let mut raw = RawPeer::connect(from, addr);
-    raw.send(&Hello::new(from).to_bytes());
-    let mut reply = [0u8; 16];
-    raw.0.read_exact(&mut reply).unwrap();
-    assert_eq!(
-        reply,
-        Hello::new(IP_A).to_bytes(),
-        "A answers with its hello"
-    );
+    let theirs = raw.handshake_accepted(from, Capabilities::OURS);
+    assert_eq!(theirs.device_ip, IP_A, "A answers with its hello");
     let mut bytes = record(7).to_bytes().unwrap().to_vec();
     bytes.extend_from_slice(&record(8).to_bytes().unwrap()[..20]);
     raw.send(&bytes);
@@ -496,10 +301,10 @@ fn another_protocol_version_is_refused_with_both_versions_named() {
     let addr = a.local_addr();
     let from = Ipv4Addr::new(127, 0, 0, 5);
     let mut raw = RawPeer::connect(from, addr);
-    raw.send(&hello_with_version(from, 2));
+    raw.send(&hello_with_version(from, 3));
     let reply = raw.read_to_close();
     // A's hello tells the newer peer which version A speaks, then A closes.
-    assert_eq!(reply.len(), 16);
+    assert_eq!(reply.len(), HELLO_LEN);
     assert_eq!(reply[..4], HELLO_MAGIC);
     assert_eq!(reply[4..6], OOB_PROTOCOL_VERSION.to_be_bytes());
     let s = a.stats();
@@ -507,7 +312,7 @@ fn another_protocol_version_is_refused_with_both_versions_named() {
     assert!(!logged(&[
         &addr.to_string(),
         "127.0.0.5",
-        "peer speaks OOB protocol version 2, this driver speaks version 1"
+        "peer speaks OOB protocol version 3, this driver speaks version 2"
     ])
     .is_empty());
     still_works(&mut a, &mut b, 30);
@@ -521,7 +326,7 @@ fn a_dialer_refused_for_its_version_names_the_mismatch() {
     let port = listener.local_addr().unwrap().port();
     let newer = thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut hello = [0u8; 16];
+        let mut hello = [0u8; HELLO_LEN];
         s.read_exact(&mut hello).unwrap();
         s.write_all(&hello_with_version(Ipv4Addr::new(127, 0, 0, 6), 9))
             .unwrap();
@@ -531,7 +336,11 @@ fn a_dialer_refused_for_its_version_names_the_mismatch() {
     cfg.peer_port = Some(port);
     let mut a = TcpOob::bind(cfg).unwrap();
     send(&mut a, Ipv4Addr::new(127, 0, 0, 6), &record(1));
-    assert_eq!(newer.join().unwrap(), Hello::new(IP_A).to_bytes());
+    // A's hello, whatever its nonce.
+    assert_eq!(
+        newer.join().unwrap()[..16],
+        Hello::new(IP_A).to_bytes()[..16]
+    );
     assert_eq!(
         next_event(&mut a, "PeerLost"),
         OobEvent::PeerLost {
@@ -541,7 +350,7 @@ fn a_dialer_refused_for_its_version_names_the_mismatch() {
     assert_eq!(a.stats().version_mismatches, 1);
     assert!(!logged(&[
         &a.local_addr().to_string(),
-        "peer speaks OOB protocol version 9, this driver speaks version 1"
+        "peer speaks OOB protocol version 9, this driver speaks version 2"
     ])
     .is_empty());
 }
@@ -605,23 +414,6 @@ fn a_thousand_idle_connections_are_bounded_logged_and_dropped() {
     assert!(!logged(&[&addr.to_string(), "127.0.0.8: no hello within"]).is_empty());
     drop(idle);
     still_works(&mut a, &mut b, 60);
-}
-
-/// A hand-made peer at `from` whose hello announces `caps`, connected to `a` (A answers
-/// with its own hello, which announces LENGTH_ERRORS).
-fn raw_peer_with(a: &TcpOob, from: Ipv4Addr, caps: Capabilities) -> RawPeer {
-    let mut raw = RawPeer::connect(from, a.local_addr());
-    let hello = Hello {
-        capabilities: caps,
-        device_ip: from,
-    };
-    raw.send(&hello.to_bytes());
-    let mut reply = [0u8; 16];
-    raw.0.read_exact(&mut reply).unwrap();
-    let (theirs, _) = Hello::parse(&reply).unwrap();
-    assert_eq!(theirs.capabilities, Capabilities::OURS);
-    assert!(Capabilities::OURS.contains(Capabilities::LENGTH_ERRORS));
-    raw
 }
 
 #[test]

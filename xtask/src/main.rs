@@ -9,10 +9,13 @@
 //!   on the emulated NIC, next to a TCP baseline (`perftest.rs`).
 //! - `cargo xtask cluster [N]`: UCX and Open MPI over the stand-in on N namespaced nodes
 //!   (`cluster.rs`); `ci` runs it with 2 nodes.
+//! - `cargo xtask rdmacm`: rdma_cm programs (rping, udaddy, perftest -R) over the
+//!   librdmacm.so.1 stand-in (`rdmacm.rs`).
 
 mod cluster;
 mod firmware;
 mod perftest;
+mod rdmacm;
 
 use std::env;
 use std::io::{BufRead, BufReader, Write};
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
         Some("doctor") => doctor(&root, &args[1..]),
         Some("perftest") => perftest::perftest(&root, &args[1..]),
         Some("cluster") => cluster::cluster(&root, &args[1..]),
+        Some("rdmacm") => rdmacm::rdmacm(&root, &args[1..]),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
             Ok(())
@@ -69,7 +73,9 @@ fn print_help() {
          a table, non-zero exit on any failure (`cargo xtask perftest --help`)\n  \
          cluster [N]    UCX (ucx_info, ucx_perftest) and an MPI test on N emulated nodes\n                 \
          (namespaces on a bridge), then over UCX's TCP; needs root, not in ci\n                 \
-         (`cargo xtask cluster --help`)"
+         (`cargo xtask cluster --help`)\n  \
+         rdmacm [opts]  rping, udaddy, rdma_server/rdma_client and perftest -R over\n                 \
+         target/ibverbs/librdmacm.so.1, then the crate's tests (`cargo xtask rdmacm --help`)"
     );
 }
 
@@ -243,6 +249,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         rows.extend(firmware::firmware_checks(root, &logs));
     }
     rows.push(perftest::ci_row(root, quick));
+    rows.push(rdmacm::ci_row(root));
     if quick {
         println!("ci: --quick: skipping the cluster run");
     } else {

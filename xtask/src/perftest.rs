@@ -245,27 +245,40 @@ fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
     Ok(Report::new(runs, baseline, lib_dir, start))
 }
 
-/// `cargo build --release -p bluerdma-ibverbs`, then the copy named `libibverbs.so.1`.
+/// `cargo build --release -p bluerdma-ibverbs -p bluerdma-rdmacm`, then the copies named
+/// `libibverbs.so.1` and `librdmacm.so.1` in one directory (one LD_LIBRARY_PATH serves both).
 pub(crate) fn build_library(root: &Path) -> Result<PathBuf, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    println!("perftest: cargo build --release -p bluerdma-ibverbs");
+    println!("perftest: cargo build --release -p bluerdma-ibverbs -p bluerdma-rdmacm");
     let status = Command::new(&cargo)
-        .args(["build", "--quiet", "--release", "-p", "bluerdma-ibverbs"])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "bluerdma-ibverbs",
+            "-p",
+            "bluerdma-rdmacm",
+        ])
         .current_dir(root)
         .status()
         .map_err(|e| format!("cannot start `{cargo} build`: {e}"))?;
     if !status.success() {
-        return Err("perftest: building bluerdma-ibverbs failed (see above)".into());
+        return Err(
+            "perftest: building bluerdma-ibverbs or bluerdma-rdmacm failed (see above)".into(),
+        );
     }
-    let built = root.join("target").join("release").join("libibverbs.so");
     let dir = root.join("target").join("ibverbs");
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let lib = dir.join("libibverbs.so.1");
-    // Remove first: a running tool may still map the old file, which a copy would overwrite.
-    let _ = fs::remove_file(&lib);
-    fs::copy(&built, &lib)
-        .map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), lib.display()))?;
-    println!("perftest: the stand-in is {}", lib.display());
+    for name in ["libibverbs.so", "librdmacm.so"] {
+        let built = root.join("target").join("release").join(name);
+        let lib = dir.join(format!("{name}.1"));
+        // Remove first: a running tool may still map the old file, which a copy would overwrite.
+        let _ = fs::remove_file(&lib);
+        fs::copy(&built, &lib)
+            .map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), lib.display()))?;
+        println!("perftest: the stand-in is {}", lib.display());
+    }
     println!("perftest:   export LD_LIBRARY_PATH={}", dir.display());
     Ok(dir)
 }

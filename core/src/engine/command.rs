@@ -173,6 +173,16 @@ impl CommandQueue {
         }
     }
 
+    /// Gives up on `t` without waiting: a response that comes later frees its tag.
+    pub fn forget(&mut self, t: Ticket) {
+        let slot = &mut self.slots[t.tag as usize];
+        match *slot {
+            Slot::InFlight { seq, .. } if seq == t.seq => *slot = Slot::Abandoned,
+            Slot::Done { seq, .. } if seq == t.seq => *slot = Slot::Free,
+            _ => {}
+        }
+    }
+
     /// Submits `req` and waits for its response (the blocking helper): `clock` is read
     /// between polls of the response ring.
     pub fn run(
@@ -193,8 +203,10 @@ impl CommandQueue {
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<(), VerbsError> {
         loop {
+            // The time is read before the ring: a response there by then is in time.
+            let now = clock();
             self.poll(regs);
-            if let Some(r) = self.check(t, clock()) {
+            if let Some(r) = self.check(t, now) {
                 return r;
             }
             core::hint::spin_loop();

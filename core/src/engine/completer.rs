@@ -238,14 +238,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.qp(i).attrs.state = QpState::Err;
         self.timers(i).set(Timer::Retransmit, None);
         self.retire_head(i, status);
-        self.flush_qp(i);
+        self.enter_error(i);
     }
 
     /// QP `i` goes to ERR on its own (its CQ overran, its peer is gone): its work is
     /// flushed and QP_FATAL raised.
     pub(crate) fn fatal(&mut self, i: QpIndex) {
-        self.qp(i).attrs.state = QpState::Err;
-        self.flush_qp(i);
+        self.enter_error(i);
         let qpn = self.qp(i).attrs.qpn;
         self.events
             .raise(super::events::AsyncEvent::QpFatal { qpn });

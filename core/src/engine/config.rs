@@ -167,4 +167,7 @@ pub struct EngineStats {
     /// Receive WRs a peer found too short for its SEND: completed with LOC_LEN_ERR, their
     /// QP moved to ERR.
     pub recvs_too_short: u64,
+    /// Messages that consume a receive WR (SEND, WRITE_WITH_IMM) that found none posted, or
+    /// reached a QP in ERR: no completion.
+    pub recvs_missing: u64,
 }

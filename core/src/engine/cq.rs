@@ -163,6 +163,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// Appends `wc` to CQ `cq`. A full CQ loses it and overruns: the CQ raises CQ_ERR once
     /// and its QPs go to ERR on the next poll.
+    #[inline]
     pub(crate) fn complete(&mut self, cq: u32, wc: WorkCompletion) {
         let s = self.storage.slices();
         let Some(slot) = s.cqs.get_mut(cq as usize).filter(|c| c.in_use) else {

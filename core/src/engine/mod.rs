@@ -118,6 +118,11 @@ pub struct Device<P: Platform, S: Storage> {
     oob: Option<P::Oob>,
     /// How many entries of `Slices::early` are in use (a prefix, in arrival order).
     early_len: usize,
+    /// One past the highest QP slot ever used: loops over QPs stop there.
+    qp_high: usize,
+    /// The latest time the engine was given (commands submitted from within a poll step
+    /// take their deadline from it).
+    now: Instant,
 }
 
 fn ring_regs(id: RingId) -> Result<RingRegs, VerbsError> {
@@ -221,6 +226,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             stats: EngineStats::default(),
             oob: None,
             early_len: 0,
+            qp_high: 0,
+            now: clock(),
         };
         dev.command(
             CmdRequest::SetNetworkParam(SetNetworkParam {
@@ -279,6 +286,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Drives the device: command responses, card reports, completions, ACK frames,
     /// waiting work, timers. Returns whether anything happened.
     pub fn poll(&mut self, now: Instant) -> bool {
+        self.now = now;
         let mut work = self.commands.poll(&self.regs);
         work |= self.advance_mr_jobs(now);
         work |= self.poll_meta(now);
@@ -289,6 +297,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
         for i in self.qp_indices() {
             if !self.qp(i).in_use() {
                 continue;
+            }
+            work |= self.update_card_entry(i);
+            if self.qp(i).rq.has_unannounced() {
+                // A record the transport refused (its queue was full) goes again.
+                self.announce_recvs(i);
             }
             if self.has_pending(i) {
                 self.transmit(i, now);
@@ -307,7 +320,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The earliest timer deadline, so a progress thread knows how long it may sleep.
     pub fn next_deadline(&mut self) -> Option<Instant> {
-        storage::next_deadline(self.storage.slices().timers)
+        let timers = self.storage.slices().timers;
+        storage::next_deadline(&timers[..self.qp_high.min(timers.len())])
     }
 
     /// Releases the device's DMA buffers. Rings stop being used.

@@ -50,16 +50,19 @@ pub struct MrSlot {
 
 impl MrSlot {
     /// Whether the slot holds an MR (registered or being registered).
+    #[inline]
     pub fn in_use(&self) -> bool {
         self.state != MrState::Free
     }
 
     /// The PD of a slot in use (registered or registering).
+    #[inline]
     pub(crate) fn pd_in_use(&self) -> Option<u32> {
         (self.state != MrState::Free).then_some(self.pd)
     }
 
     /// Whether `[va, va + len)` lies in this valid MR of `key`, with `access` (and PD `pd`).
+    #[inline]
     pub(crate) fn covers(
         &self,
         key: MrKey,
@@ -434,6 +437,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 }
 
 /// The MR table entry that makes `m` valid in the card.
+#[inline]
 fn mr_table_entry(m: &MrSlot) -> CmdRequest {
     CmdRequest::UpdateMrTable(UpdateMrTable {
         mr_base_va: VirtAddr(m.va),

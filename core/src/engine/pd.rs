@@ -11,6 +11,7 @@ pub(crate) struct PdTable {
 }
 
 impl Default for PdTable {
+    #[inline]
     fn default() -> Self {
         // PD 0 is reserved.
         PdTable { used: [1, 0, 0, 0] }
@@ -18,12 +19,14 @@ impl Default for PdTable {
 }
 
 impl PdTable {
+    #[inline]
     fn bit(pd: u32) -> Option<(usize, u64)> {
         let w = (pd / 64) as usize;
         (w < 4).then_some((w, 1u64 << (pd % 64)))
     }
 
     /// Allocates the lowest free PD.
+    #[inline]
     pub(crate) fn alloc(&mut self) -> Option<u32> {
         let (w, word) = self
             .used
@@ -36,11 +39,13 @@ impl PdTable {
     }
 
     /// Whether `pd` is allocated.
+    #[inline]
     pub(crate) fn contains(&self, pd: u32) -> bool {
         pd != 0 && Self::bit(pd).is_some_and(|(w, b)| self.used[w] & b != 0)
     }
 
     /// Frees `pd`.
+    #[inline]
     pub(crate) fn free(&mut self, pd: u32) {
         if let (true, Some((w, b))) = (pd != 0, Self::bit(pd)) {
             self.used[w] &= !b;

@@ -14,6 +14,7 @@ use crate::qp::{check_modify, QpAccessFlags, QpAttr, QpAttrMask, QpState, QpType
 use crate::time::{Instant, Nanos};
 use crate::transport::Psn;
 
+use super::command::Ticket;
 use super::error::VerbsError;
 use super::recv::RecvQueue;
 use super::requester::Requester;
@@ -58,11 +59,13 @@ pub(crate) struct QpIndex(u16);
 
 impl QpIndex {
     /// The index of slot `slot`.
+    #[inline]
     pub(crate) const fn from_slot(slot: usize) -> Self {
         QpIndex(slot as u16)
     }
 
     /// The slot in the storage tables.
+    #[inline]
     pub(crate) const fn slot(self) -> usize {
         self.0 as usize
     }
@@ -113,6 +116,7 @@ impl Default for QpAttrs {
     /// A QP in RESET. Its ACK timeout and retry count, which IB sets at RTS, start at the
     /// IB defaults (14 = 67 ms, 7 retries): a responder that stays in RTR (perftest's READ
     /// server) sends READ responses, and a lost one must be resent.
+    #[inline]
     fn default() -> Self {
         QpAttrs {
             qpn: Qpn::from_raw(0),
@@ -143,20 +147,36 @@ impl Default for QpAttrs {
 
 impl QpAttrs {
     /// The local ACK timeout (`None`: infinite).
+    #[inline]
     pub(crate) fn ack_timeout(&self) -> Option<Nanos> {
         Nanos::ib_local_ack_timeout(self.timeout)
     }
 
     /// Connected: RTR or later, not in error.
+    #[inline]
     pub(crate) fn connected(&self) -> bool {
         matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
     }
+}
+
+/// Whether the card still holds a QP that went to ERR as valid.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum CardEntry {
+    /// As the engine last wrote it (valid since create, RESET and RTR).
+    #[default]
+    Current,
+    /// The QP went to ERR: invalidate it in the card, so that packets for it are dropped
+    /// there (an IB responder in ERR takes nothing; the requester's retries run out).
+    InvalidateDue,
+    /// The invalidation is on the command ring.
+    Invalidating(Ticket),
 }
 
 /// A queue pair: its attributes and the state of each role.
 #[derive(Clone, Debug, Default)]
 pub struct QpSlot {
     in_use: bool,
+    pub(super) card: CardEntry,
     pub(super) attrs: QpAttrs,
     /// Requester and completer: PSNs, MSN, retries, the send queue's counters.
     pub(super) req: Requester,
@@ -169,6 +189,7 @@ pub struct QpSlot {
 impl QpSlot {
     /// A QP in RESET whose send queue is `sq` (empty) and which may post `caps.max_recv_wr`
     /// receive WRs.
+    #[inline]
     fn fresh(a: &QpAttrs, sq: SqCounters) -> Self {
         let mut q = QpSlot {
             in_use: true,
@@ -190,11 +211,13 @@ impl QpSlot {
     }
 
     /// Whether the slot holds a QP.
+    #[inline]
     pub fn in_use(&self) -> bool {
         self.in_use
     }
 
     /// The attributes with the current PSNs.
+    #[inline]
     pub(crate) fn snapshot(&self) -> QpAttrs {
         QpAttrs {
             sq_psn: self.req.next_psn(),
@@ -270,6 +293,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             caps,
             ..QpAttrs::default()
         };
+        self.qp_high = self.qp_high.max(slot + 1);
         *self.qp(i) = QpSlot::fresh(&attrs, SqCounters::new(caps.max_send_wr, ring));
         *self.timers(i) = QpTimers::default();
         if let Err(e) = self.manage_qp(i, true, clock) {
@@ -319,9 +343,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
         SendQueue::new(&mut s.qps[i.slot()].req.sq, s.wqes)
     }
 
-    /// Every QP slot index (in use or not).
+    /// Every QP slot index that may be in use (the slots below the highest ever used).
     pub(crate) fn qp_indices(&mut self) -> impl Iterator<Item = QpIndex> {
-        (0..self.storage.slices().qps.len()).map(QpIndex::from_slot)
+        (0..self.qp_high).map(QpIndex::from_slot)
     }
 
     fn manage_qp(
@@ -330,6 +354,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
         valid: bool,
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<(), VerbsError> {
+        let req = self.manage_request(i, valid);
+        self.commands.run(&self.regs, req, clock)
+    }
+
+    /// The ManageQp command that writes (or invalidates) QP slot `i` in the card.
+    fn manage_request(&mut self, i: QpIndex, valid: bool) -> CmdRequest {
         let q = self.qp(i).attrs;
         // REMOTE_WRITE is always granted in the card: a SEND arrives as a write into the
         // receive buffer and the card checks REMOTE_WRITE on the QP for it (nic-behaviour.md
@@ -344,23 +374,72 @@ impl<P: Platform, S: Storage> Device<P, S> {
             } else {
                 AccessFlags::empty()
             };
-        self.commands.run(
-            &self.regs,
-            CmdRequest::ManageQp(ManageQp {
-                is_valid: valid,
-                is_error: false,
-                pd: q.pd,
-                qpn: q.qpn,
-                peer_qpn: q.dest_qpn,
-                rq_access_flags: access,
-                qp_type: q.qp_type,
-                pmtu: q.pmtu,
-                local_udp_port: (q.qpn.get() & 0xFFFF) as u16,
-                peer_mac: q.peer_mac,
-                peer_ip: q.peer_ip,
-            }),
-            clock,
-        )
+        CmdRequest::ManageQp(ManageQp {
+            is_valid: valid,
+            is_error: false,
+            pd: q.pd,
+            qpn: q.qpn,
+            peer_qpn: q.dest_qpn,
+            rq_access_flags: access,
+            qp_type: q.qp_type,
+            pmtu: q.pmtu,
+            local_udp_port: (q.qpn.get() & 0xFFFF) as u16,
+            peer_mac: q.peer_mac,
+            peer_ip: q.peer_ip,
+        })
+    }
+
+    /// QP `i` goes to ERR: its outstanding work is flushed and the card is told to drop
+    /// its packets (from the next poll on, without waiting here).
+    pub(crate) fn enter_error(&mut self, i: QpIndex) {
+        self.qp(i).attrs.state = QpState::Err;
+        if self.qp(i).card == CardEntry::Current {
+            self.qp(i).card = CardEntry::InvalidateDue;
+        }
+        self.flush_qp(i);
+        self.update_card_entry(i);
+    }
+
+    /// Moves QP `i`'s pending invalidation on: submits it, or collects its response.
+    /// Returns whether anything changed.
+    pub(crate) fn update_card_entry(&mut self, i: QpIndex) -> bool {
+        match self.qp(i).card {
+            CardEntry::Current => false,
+            CardEntry::InvalidateDue => {
+                let req = self.manage_request(i, false);
+                match self.commands.submit(&self.regs, req, self.now) {
+                    Ok(t) => {
+                        self.qp(i).card = CardEntry::Invalidating(t);
+                        true
+                    }
+                    // The queue is busy: the next poll tries again.
+                    Err(_) => false,
+                }
+            }
+            CardEntry::Invalidating(t) => {
+                let Some(r) = self.commands.check(t, self.now) else {
+                    return false;
+                };
+                if let Err(e) = r {
+                    core_error!(
+                        "QP {:#x} in ERR could not be invalidated in the card: {}",
+                        self.qp(i).attrs.qpn.get(),
+                        e
+                    );
+                }
+                self.qp(i).card = CardEntry::Current;
+                true
+            }
+        }
+    }
+
+    /// Drops a pending invalidation (the QP is reset or destroyed: the engine writes its
+    /// card entry itself).
+    fn forget_card_update(&mut self, i: QpIndex) {
+        if let CardEntry::Invalidating(t) = self.qp(i).card {
+            self.commands.forget(t);
+        }
+        self.qp(i).card = CardEntry::Current;
     }
 
     /// Modifies a QP (IB state machine, attribute table as const data).
@@ -373,6 +452,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
     ) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
         let attr = QpAttr::decode(raw, mask)?;
+        if [attr.rq_psn, attr.sq_psn]
+            .into_iter()
+            .flatten()
+            .any(stale_for_card)
+        {
+            return Err(VerbsError::InvalidArgument {
+                what: "first PSN in 0x7FFFF0..=0xFFFF7F: the card's window after a QP reset takes every such PSN as stale (hardware-contract.md, review P5/P6); map the application's PSNs onto the wire (platform-linux's verbs start every connection at one wire PSN)",
+            });
+        }
         let QpAttrs { qp_type, state, .. } = self.qp(i).attrs;
         let cur = attr.cur_qp_state.unwrap_or(state);
         let next = check_modify(qp_type, state, mask, cur, attr.qp_state.unwrap_or(state))?;
@@ -383,6 +471,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.qp(i).resp.card_reset();
         }
         if next == QpState::Reset && state != QpState::Reset {
+            self.forget_card_update(i);
             let a = self.qp(i).attrs;
             let sq = self.qp(i).req.sq;
             self.clear_recvs(i);
@@ -391,8 +480,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.manage_qp(i, true, clock)?;
         }
         if next == QpState::Err && state != QpState::Err {
-            self.qp(i).attrs.state = QpState::Err;
-            self.flush_qp(i);
+            self.enter_error(i);
         }
         self.qp(i).attrs.state = next;
         if next == QpState::Rtr && state != QpState::Rtr {
@@ -424,12 +512,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
+        self.forget_card_update(i);
         self.manage_qp(i, false, clock)?;
         self.qp(i).attrs.state = QpState::Err;
         self.flush_qp(i);
         self.free_qp(i);
         Ok(())
     }
+}
+
+/// A first PSN the card's reset window (stride 0xFFFFF, nic-behaviour.md 3.1) takes as
+/// stale: more than 8 strides behind its top and not inside it.
+#[inline]
+pub(crate) fn stale_for_card(psn: Psn) -> bool {
+    (0x7F_FFF0..=0xFF_FF7F).contains(&psn.get())
 }
 
 /// Takes the attributes `attr` carries into the slot (the transition was checked).

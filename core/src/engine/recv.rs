@@ -34,6 +34,7 @@ pub(crate) struct RecvQueue {
 }
 
 impl Default for RecvQueue {
+    #[inline]
     fn default() -> Self {
         RecvQueue::new(0)
     }
@@ -50,6 +51,7 @@ impl RecvQueue {
     }
 
     /// `rnr_retry` was set.
+    #[inline]
     pub(crate) fn reset_rnr(&mut self, n: u8) {
         self.rnr_left = n;
     }
@@ -60,21 +62,31 @@ impl RecvQueue {
     }
 
     /// The peer can no longer announce receive WRs.
+    #[inline]
     pub(crate) fn peer_lost(&self) -> bool {
         self.oob_lost
     }
 
     /// Receive WRs posted (for dumps).
+    #[inline]
     pub(crate) fn posted(&self) -> usize {
         self.lists.posted() as usize
     }
 
+    /// Receive WRs wait to be announced.
+    #[inline]
+    pub(crate) fn has_unannounced(&self) -> bool {
+        self.lists.has_unannounced()
+    }
+
     /// Nothing is left to announce (the QP was flushed).
+    #[inline]
     pub(crate) fn forget_unannounced(&mut self) {
         self.lists.forget_unannounced();
     }
 
     /// The RNR timer fired: whether another wait is allowed (7 = forever).
+    #[inline]
     fn rnr_wait(&mut self, rnr_retry: u8) -> bool {
         if rnr_retry == 7 {
             return true;
@@ -133,7 +145,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// Tells the peer about receive WRs posted since the last announcement, once the QP
     /// knows its peer (RTR or later). A record the transport cannot take now stays pending.
-    fn announce_recvs(&mut self, i: QpIndex) {
+    pub(crate) fn announce_recvs(&mut self, i: QpIndex) {
         let Some(oob) = self.oob.as_mut() else {
             return;
         };
@@ -335,8 +347,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             rec.wr_id
         );
         self.fail_recv(i, WcStatus::LocLenErr);
-        self.qp(i).attrs.state = QpState::Err;
-        self.flush_qp(i);
+        self.enter_error(i);
     }
 
     /// After QP `i` reached RTR: announce its receive WRs and take the peer's that came

@@ -283,6 +283,12 @@ impl RecvLists {
         table.get(self.unannounced as usize).map(|e| e.to_local())
     }
 
+    /// Receive WRs wait to be announced.
+    #[inline]
+    pub(crate) fn has_unannounced(&self) -> bool {
+        self.unannounced != NIL
+    }
+
     /// The receive WR [`RecvLists::next_to_announce`] gave was announced.
     pub(crate) fn announced(&mut self, table: &[RecvEntry]) {
         self.unannounced = table.get(self.unannounced as usize).map_or(NIL, |e| e.next);

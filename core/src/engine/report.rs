@@ -218,12 +218,32 @@ impl<P: Platform, S: Storage> Device<P, S> {
             MsgKind::WriteImm => WcOpcode::RecvRdmaWithImm,
             MsgKind::Send | MsgKind::SendImm => WcOpcode::Recv,
         };
-        let r = self.pop_recv(i);
+        // A QP in ERR completes nothing more (its receive WRs were flushed; the card was told
+        // to drop its packets, but reports already on the ring still come).
+        let r = if self.qp(i).attrs.connected() {
+            self.pop_recv(i)
+        } else {
+            None
+        };
         let q = self.qp(i);
-        let (qpn, peer, cq) = (q.attrs.qpn, q.attrs.dest_qpn, q.attrs.recv_cq);
+        let (qpn, peer, cq, state) = (
+            q.attrs.qpn,
+            q.attrs.dest_qpn,
+            q.attrs.recv_cq,
+            q.attrs.state,
+        );
+        let Some(r) = r else {
+            self.stats.recvs_missing += 1;
+            core_warn!(
+                "QP {:#x}: a message that consumes a receive WR arrived with none posted (state {}): no completion",
+                qpn.get(),
+                state
+            );
+            return;
+        };
         let with_imm = m.kind != MsgKind::Send;
         let wc = WorkCompletion {
-            wr_id: r.map(|r| r.wr_id).unwrap_or(0),
+            wr_id: r.wr_id,
             status: WcStatus::Success,
             opcode,
             byte_len: m.len,

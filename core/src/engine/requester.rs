@@ -16,7 +16,7 @@ use crate::transport::{Chunk, Fragmenter, Psn};
 use super::config::{BATCH, CHUNK_BYTES, SEND_WINDOW_CAP};
 use super::error::VerbsError;
 use super::qp::{QpAttrs, QpHandle, QpIndex};
-use super::storage::{SqCounters, Timer};
+use super::storage::{SendQueue, SqCounters, Timer};
 use super::wqe::{chunk_count_len, Wqe, WqeState};
 use super::wr::{SendOp, SendWr};
 use super::{Device, Platform, Storage};
@@ -37,6 +37,7 @@ pub(crate) struct Requester {
 }
 
 impl Default for Requester {
+    #[inline]
     fn default() -> Self {
         Requester {
             sq: SqCounters::default(),
@@ -51,28 +52,33 @@ impl Default for Requester {
 
 impl Requester {
     /// `sq_psn` was set: nothing is outstanding from it.
+    #[inline]
     pub(crate) fn reset_psn(&mut self, psn: Psn) {
         self.next_psn = psn;
         self.acked_psn = psn;
     }
 
     /// The next PSN to assign.
+    #[inline]
     pub(crate) fn next_psn(&self) -> Psn {
         self.next_psn
     }
 
     /// The oldest PSN not acknowledged.
+    #[inline]
     pub(crate) fn acked_psn(&self) -> Psn {
         self.acked_psn
     }
 
     /// Every PSN sent is acknowledged.
+    #[inline]
     pub(crate) fn all_acked(&self) -> bool {
         self.acked_psn == self.next_psn
     }
 
     /// An ACK up to `psn` (exclusive): counts only if it moves forward and not past what
     /// was sent. A counting ACK refills the retries.
+    #[inline]
     pub(crate) fn ack(&mut self, psn: Psn, retry_cnt: u8) -> bool {
         if !self.acked_psn.is_before(psn) || self.next_psn.is_before(psn) {
             return false;
@@ -83,11 +89,13 @@ impl Requester {
     }
 
     /// `n` retries again (retry_cnt set, or progress seen).
+    #[inline]
     pub(crate) fn reset_retries(&mut self, n: u8) {
         self.retries_left = n;
     }
 
     /// Uses one retry; false when none is left.
+    #[inline]
     pub(crate) fn use_retry(&mut self) -> bool {
         match self.retries_left.checked_sub(1) {
             Some(left) => {
@@ -99,16 +107,19 @@ impl Requester {
     }
 
     /// Retries left (for dumps).
+    #[inline]
     pub(crate) fn retries_left(&self) -> u8 {
         self.retries_left
     }
 
     /// Send WRs of the caller that left the send queue.
+    #[inline]
     pub(crate) fn retired(&self) -> u64 {
         self.retired
     }
 
     /// One more left the send queue.
+    #[inline]
     pub(crate) fn note_retired(&mut self) {
         self.retired += 1;
     }
@@ -125,6 +136,7 @@ pub(crate) struct Path {
 }
 
 impl Path {
+    #[inline]
     pub(crate) fn of(a: &QpAttrs) -> Self {
         Path {
             qpn: a.qpn,
@@ -143,6 +155,7 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
+    #[inline]
     pub(crate) fn new() -> Self {
         Batch {
             descs: [RawDesc::ZERO; BATCH],
@@ -151,16 +164,19 @@ impl Batch {
     }
 
     /// Descriptors gathered.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.n
     }
 
     /// Whether `more` descriptors still fit.
+    #[inline]
     pub(crate) fn fits(&self, more: usize) -> bool {
         self.n + more <= BATCH
     }
 
     /// Appends a send request's two descriptors (the caller checked `fits(2)`).
+    #[inline]
     pub(crate) fn push_pair(&mut self, req: &SendRequest) {
         if let Some([seg0, seg1]) = self
             .descs
@@ -173,6 +189,7 @@ impl Batch {
     }
 
     /// Appends one descriptor.
+    #[inline]
     pub(crate) fn push(&mut self, d: RawDesc) {
         if let Some(slot) = self.descs.get_mut(self.n) {
             *slot = d;
@@ -181,6 +198,7 @@ impl Batch {
     }
 
     /// The gathered descriptors, and the batch emptied.
+    #[inline]
     pub(crate) fn take(&mut self) -> &[RawDesc] {
         let n = core::mem::take(&mut self.n);
         &self.descs[..n]
@@ -237,9 +255,18 @@ impl<P: Platform, S: Storage> Device<P, S> {
         wrs: &[SendWr],
         now: Instant,
     ) -> Result<(), (usize, VerbsError)> {
+        self.now = now;
         let i = self.qp_index(qpn).map_err(|e| (0, e))?;
+        let QpAttrs { state, pd, .. } = self.qp(i).attrs;
+        if state != QpState::Rts {
+            let e = VerbsError::WrongQpState {
+                state,
+                op: "post_send",
+            };
+            return Err((0, e));
+        }
         for (k, wr) in wrs.iter().enumerate() {
-            let w = self.validate(i, wr).map_err(|e| (k, e))?;
+            let w = self.validate(i, pd, wr).map_err(|e| (k, e))?;
             if self.sq(i).push(w).is_err() {
                 return Err((k, VerbsError::SendQueueFull));
             }
@@ -248,17 +275,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
         Ok(())
     }
 
-    /// Checks a work request against the QP and its MRs and converts it to a WQE. Its PSN
-    /// range and MSN are assigned when it is first transmitted (in posting order): a SEND's
-    /// packet count depends on the receive buffer it is matched with.
-    fn validate(&mut self, i: QpIndex, wr: &SendWr) -> Result<Wqe, VerbsError> {
-        let QpAttrs { state, pd, .. } = self.qp(i).attrs;
-        if state != QpState::Rts {
-            return Err(VerbsError::WrongQpState {
-                state,
-                op: "post_send",
-            });
-        }
+    /// Checks a work request against the QP (in RTS, on PD `pd`) and its MRs and converts
+    /// it to a WQE. Its PSN range and MSN are assigned when it is first transmitted (in
+    /// posting order): a SEND's packet count depends on the receive buffer it is matched
+    /// with.
+    fn validate(&mut self, i: QpIndex, pd: u32, wr: &SendWr) -> Result<Wqe, VerbsError> {
         if self.sq(i).is_full_for_app() {
             return Err(VerbsError::SendQueueFull);
         }
@@ -321,7 +342,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Hands pending WQEs of QP `i` to the card while the send window has room.
     pub(crate) fn transmit(&mut self, i: QpIndex, now: Instant) {
         let mut batch = Batch::new();
-        while self.transmit_one(i, now, &mut batch) {}
+        // The attributes cannot change while this runs (a QP that goes to ERR stops it).
+        let attrs = self.qp(i).attrs;
+        let timeout = attrs.ack_timeout().map(|t| now + t);
+        while self.transmit_one(i, &attrs, timeout, now, &mut batch) {}
         if batch.len() > 0 {
             self.flush_send(&mut batch);
         }
@@ -329,21 +353,30 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The next step of `transmit`: one WQE (or the rest of a cut one) into `batch`.
     /// Returns whether to go on.
-    fn transmit_one(&mut self, i: QpIndex, now: Instant, batch: &mut Batch) -> bool {
-        let attrs = self.qp(i).attrs;
-        let (next_psn, acked_psn) = (self.qp(i).req.next_psn, self.qp(i).req.acked_psn);
-        // The newest request handed over may still have packets the window held back: it
-        // goes on first.
-        let (k, mut w) = {
-            let sq = self.sq(i);
-            let cut = sq.last_sent().filter(|w| w.unsent_packets(next_psn) > 0);
-            match cut {
+    fn transmit_one(
+        &mut self,
+        i: QpIndex,
+        attrs: &QpAttrs,
+        timeout: Option<Instant>,
+        now: Instant,
+        batch: &mut Batch,
+    ) -> bool {
+        // Step 1: the WQE to go on with. The newest request handed over may still have
+        // packets the window held back: it goes on first.
+        let (k, mut w, next_psn, acked_psn, next_msn) = {
+            let s = self.storage.slices();
+            let q = &mut s.qps[i.slot()];
+            let r = (q.req.next_psn, q.req.acked_psn, q.req.next_msn);
+            let sq = SendQueue::new(&mut q.req.sq, s.wqes);
+            let cut = sq.last_sent().filter(|w| w.unsent_packets(r.0) > 0);
+            let (k, w) = match cut {
                 Some(w) => (sq.sent() - 1, *w),
                 None => match sq.get(sq.sent()) {
                     Some(w) => (sq.sent(), *w),
                     None => return false,
                 },
-            }
+            };
+            (k, w, r.0, r.1, r.2)
         };
         // A responder in RTR answers READ requests (READ responses, the only WQEs an RTR
         // QP can hold); everything else waits for RTS.
@@ -355,13 +388,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if !may_send {
             return false;
         }
-        if w.state == WqeState::Pending && w.needs_recv() && !self.match_remote_recv(i, &mut w, now)
-        {
+        // Step 2: a SEND takes the peer's receive WR; PSNs and MSN at first transmission.
+        let first = w.state == WqeState::Pending;
+        if first && w.needs_recv() && !self.match_remote_recv(i, &mut w, now) {
             return false;
         }
-        if w.state == WqeState::Pending {
-            w.assign(next_psn, self.qp(i).req.next_msn, attrs.pmtu);
+        if first {
+            w.assign(next_psn, next_msn, attrs.pmtu);
         }
+        // Step 3: the window and the ring.
         let Some((sent, need)) = self.window_room(&w, next_psn, acked_psn) else {
             self.put_wqe(i, k, w);
             return false;
@@ -376,32 +411,35 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 return false;
             }
         }
+        // Step 4: chunks into descriptors. Packets of `w` already handed over (a request the
+        // window cut short), and the ones that go now.
         let Ok(frag) = Fragmenter::new(w.span(), attrs.pmtu, CHUNK_BYTES) else {
             self.put_wqe(i, k, w);
             return false;
         };
-        // Packets of `w` already handed over (a request the window cut short), and the ones
-        // that go now.
         let from = w.psn.forward_distance(next_psn).min(w.npsn);
         let to = from + sent;
-        let path = Path::of(&attrs);
-        for c in
-            frag.filter_map(|c| packets_of(&c, attrs.pmtu, w.psn.get(), (from, to), w.is_whole()))
-        {
+        let (path, whole) = (Path::of(attrs), w.is_whole());
+        for c in frag.filter_map(|c| packets_of(&c, attrs.pmtu, w.psn.get(), (from, to), whole)) {
             self.append_chunk(&path, &w, &c, batch, false);
             self.stats.chunks += 1;
         }
-        let first = w.state == WqeState::Pending;
+        // Step 5: publish the WQE's progress (the doorbell rings per batch, in `transmit`).
         w.state = WqeState::Sent;
-        self.put_wqe(i, k, w);
-        let q = self.qp(i);
+        let s = self.storage.slices();
+        let q = &mut s.qps[i.slot()];
         q.req.next_psn = w.psn.wrapping_add(to);
         if first {
             q.req.next_msn = w.msn.wrapping_add(1);
-            self.sq(i).mark_sent();
         }
-        let timeout = attrs.ack_timeout().map(|t| now + t);
-        self.timers(i).start(Timer::Retransmit, timeout);
+        let mut sq = SendQueue::new(&mut q.req.sq, s.wqes);
+        if let Some(slot) = sq.get_mut(k) {
+            *slot = w;
+        }
+        if first {
+            sq.mark_sent();
+        }
+        s.timers[i.slot()].start(Timer::Retransmit, timeout);
         // The window may be full in the middle of this request: the rest goes out as ACKs
         // open it.
         to >= w.npsn
@@ -420,8 +458,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let Some(r) = self.next_remote(i) else {
             if self.qp(i).rq.peer_lost() {
                 // No receive WR can be announced any more.
-                self.qp(i).attrs.state = QpState::Err;
-                self.flush_qp(i);
+                self.enter_error(i);
                 return false;
             }
             let wait = Nanos::ib_rnr_timer(self.qp(i).attrs.min_rnr_timer);

@@ -100,6 +100,7 @@ pub(crate) struct Responder {
 }
 
 impl Default for Responder {
+    #[inline]
     fn default() -> Self {
         Responder {
             qpn: Qpn::from_raw(0),
@@ -135,6 +136,7 @@ pub(crate) enum ReadRequest {
 
 impl Responder {
     /// The bookkeeping of QP `qpn`.
+    #[inline]
     pub(crate) fn new(qpn: Qpn) -> Self {
         Responder {
             qpn,
@@ -143,6 +145,7 @@ impl Responder {
     }
 
     /// `rq_psn` was set: the next message starts there.
+    #[inline]
     pub(crate) fn reset(&mut self, psn: Psn) {
         self.rx.reset(psn);
         self.acked_rx = psn;
@@ -150,33 +153,39 @@ impl Responder {
     }
 
     /// The path MTU was set.
+    #[inline]
     pub(crate) fn set_pmtu(&mut self, pmtu: Pmtu) {
         self.pmtu = pmtu;
     }
 
     /// ManageQp reset the card's window: its bits for the reset strides mean nothing.
+    #[inline]
     pub(crate) fn card_reset(&mut self) {
         self.card_fresh = true;
         record_lost(self, RESET_PHANTOMS);
     }
 
     /// The PSN up to which an ACK was sent (the next PSN expected, as the peer knows it).
+    #[inline]
     pub(crate) fn acked(&self) -> Psn {
         self.acked_rx
     }
 
     /// The first PSN not received.
+    #[inline]
     pub(crate) fn base(&self) -> Psn {
         self.rx.base()
     }
 
     /// Messages recorded and not completed (for dumps).
+    #[inline]
     pub(crate) fn queued(&self) -> usize {
         self.msgs.len()
     }
 
     /// Whether recording the report of `p` needs room made first (completing what can be
     /// completed) in the message or FIRST queue.
+    #[inline]
     pub(crate) fn needs_room(&self, p: &PacketInfo) -> bool {
         let op = p.opcode;
         op.is_first() && self.firsts.is_full()
@@ -185,6 +194,7 @@ impl Responder {
 
     /// The report intake of a packet: marks its PSN, remembers a FIRST packet, records the
     /// end of a message.
+    #[inline]
     pub(crate) fn on_packet(&mut self, p: &PacketInfo) {
         if let Some(m) = note_packet(self, p) {
             push_msg(self, m);
@@ -192,12 +202,14 @@ impl Responder {
     }
 
     /// Whether a READ request report needs room made first.
+    #[inline]
     pub(crate) fn read_needs_room(&self) -> bool {
         self.msgs.is_full()
     }
 
     /// The report intake of a READ request (checked by the device): tracks its PSN like any
     /// other and tells whether it is new.
+    #[inline]
     pub(crate) fn on_read_request(&mut self, psn: Psn, len: u32, addr: u64) -> ReadRequest {
         if psn.is_before(self.rx.base()) {
             self.reack = true;
@@ -222,23 +234,27 @@ impl Responder {
     }
 
     /// The card's quiet-timer report (see [`on_card_quiet`]).
+    #[inline]
     pub(crate) fn on_quiet(&mut self, a: &AckReport) {
         on_card_quiet(self, a)
     }
 
     /// The card's loss report (see [`on_card_loss`]).
+    #[inline]
     pub(crate) fn on_loss(&mut self, a: &AckReport, pre_bitmap: u128) {
         on_card_loss(self, a, pre_bitmap)
     }
 
     /// Advances over what arrived: the first missing PSN, and the point up to which an ACK
     /// may now go. Then [`Responder::next_ready`] hands out the messages to complete.
+    #[inline]
     pub(crate) fn deliverable(&mut self) -> (Psn, Psn) {
         let base = self.rx.advance();
         (base, ack_limit(self, base))
     }
 
     /// The oldest message that ends before `limit`, taken off the books to complete.
+    #[inline]
     pub(crate) fn next_ready(&mut self, limit: Psn) -> Option<MsgEnd> {
         next_ready(self, limit)
     }
@@ -246,6 +262,7 @@ impl Responder {
     /// Whether a NAK of `ack` is due (a hole the card's quiet report showed, or a report
     /// the engine had to drop, whose message can only come back by retransmission; `base`
     /// is the first missing PSN). One NAK per hole.
+    #[inline]
     pub(crate) fn take_nak(&mut self, base: Psn, ack: Psn) -> bool {
         let hole = core::mem::take(&mut self.nak_due);
         let dropped = self.reports_dropped && ack != base;
@@ -260,11 +277,13 @@ impl Responder {
     }
 
     /// Whether a duplicate asks for the current ACK again.
+    #[inline]
     pub(crate) fn take_reack(&mut self) -> bool {
         core::mem::take(&mut self.reack)
     }
 
     /// An ACK up to `ack` went out.
+    #[inline]
     pub(crate) fn set_acked(&mut self, ack: Psn) {
         self.acked_rx = ack;
     }
@@ -274,6 +293,7 @@ impl Responder {
 /// (`pre_bitmap` at `psn_before_slide`) that left the window, or, when the window jumped
 /// past its old top, the old top itself. Every PSN from there to the new window bottom may
 /// be missing; the ones that arrived are set explicitly by their own reports.
+#[inline]
 fn first_lost(psn_before_slide: u32, pre_bitmap: u128, new_bottom: Psn) -> Option<Psn> {
     let pre_base = crate::transport::card_bitmap_base(Psn::from_raw(psn_before_slide));
     let old_top = pre_base.wrapping_add(128);
@@ -288,6 +308,7 @@ fn first_lost(psn_before_slide: u32, pre_bitmap: u128, new_bottom: Psn) -> Optio
     }
 }
 
+#[inline]
 fn record_lost(q: &mut Responder, range: PsnRange) {
     if range.is_empty() {
         return;
@@ -395,6 +416,7 @@ fn note_packet(q: &mut Responder, p: &PacketInfo) -> Option<MsgEnd> {
 
 /// The card's quiet-timer report of our receive window: nothing arrived for a while, so a
 /// hole below received PSNs is a loss, not reordering; it is NAKed at the next delivery.
+#[inline]
 fn on_card_quiet(q: &mut Responder, a: &AckReport) {
     let bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
     mark_card_cumulative(q, bottom);
@@ -406,6 +428,7 @@ fn on_card_quiet(q: &mut Responder, a: &AckReport) {
 
 /// Our card saw a gap leave its window: from the first lost PSN to the new window bottom,
 /// only what is reported explicitly arrived.
+#[inline]
 fn on_card_loss(q: &mut Responder, a: &AckReport, pre_bitmap: u128) {
     let new_bottom = crate::transport::card_bitmap_base(Psn::from_raw(a.psn_now));
     if let Some(first) = first_lost(a.psn_before_slide, pre_bitmap, new_bottom) {
@@ -423,6 +446,7 @@ fn on_card_loss(q: &mut Responder, a: &AckReport, pre_bitmap: u128) {
 /// reported after later ones). A message already delivered or queued is ignored. When the
 /// queue is full the message with the highest PSN is dropped: [`ack_limit`] then never
 /// acknowledges it, so the requester sends it again.
+#[inline]
 fn push_msg(q: &mut Responder, m: MsgEnd) {
     // A retransmitted LAST is reported again: keep one entry per message.
     if m.psn.is_before(q.next_msg) || q.msgs.iter().any(|x| x.psn == m.psn) {
@@ -439,6 +463,7 @@ fn push_msg(q: &mut Responder, m: MsgEnd) {
 
 /// Inserts `item` into `queue`, kept sorted by `psn`. When the queue is full, the entry
 /// with the highest PSN (possibly `item`) is dropped; returns false then.
+#[inline]
 fn insert_sorted<T: Copy, const N: usize>(
     queue: &mut heapless::Deque<T, N>,
     item: T,
@@ -474,6 +499,7 @@ fn insert_sorted<T: Copy, const N: usize>(
 /// lost: the card's window bitmaps mark PSNs whose own reports may still be on the way (its
 /// loss report for the slide that packet P causes comes before P's report), or that the
 /// engine had no room to record.
+#[inline]
 fn ack_limit(q: &Responder, base: Psn) -> Psn {
     // Messages are contiguous in PSN space: the next one starts at `next_msg`.
     let mut cur = q.next_msg;
@@ -501,6 +527,7 @@ fn ack_limit(q: &Responder, base: Psn) -> Psn {
 /// How far into the message starting at `start`, whose end is not recorded, an ACK may go
 /// (at most `limit`): through its FIRST and MIDDLE packets, which need no report, when its
 /// FIRST says where it ends; not at all otherwise.
+#[inline]
 fn open_message_limit(q: &Responder, start: Psn, limit: Psn) -> Psn {
     let Some(&(_, len, addr)) = q.firsts.iter().find(|f| f.0 == start) else {
         return start;
@@ -520,6 +547,7 @@ fn open_message_limit(q: &Responder, start: Psn, limit: Psn) -> Psn {
 /// Takes the oldest message that ends before `limit` off QP `q`'s books, to complete it: a
 /// message of several packets gets its length and address from its FIRST packet's report
 /// (the message starts right after the previous one), and the next message starts after it.
+#[inline]
 fn next_ready(q: &mut Responder, limit: Psn) -> Option<MsgEnd> {
     let mut m = match q.msgs.front() {
         Some(m) if m.psn.is_before(limit) => q.msgs.pop_front()?,

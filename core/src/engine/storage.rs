@@ -48,6 +48,7 @@ pub struct Slices<'a> {
 impl Slices<'_> {
     /// Whether the tables fit each other: a timer entry per QP, and room for at least one
     /// send queue, one CQ and one receive WR.
+    #[inline]
     pub(crate) fn consistent(&self) -> bool {
         !self.wqes.is_empty()
             && !self.cqes.is_empty()
@@ -66,6 +67,7 @@ pub struct EarlyRecv {
 }
 
 impl Default for EarlyRecv {
+    #[inline]
     fn default() -> Self {
         Self {
             from: Ipv4Addr::UNSPECIFIED,
@@ -148,27 +150,40 @@ pub(crate) struct SendQueue<'a> {
 
 impl<'a> SendQueue<'a> {
     /// The send queue of the counters `c` (`wqes` is the whole table).
+    #[inline]
     pub(crate) fn new(c: &'a mut SqCounters, wqes: &'a mut [Wqe]) -> Self {
         let (at, len) = (c.ring.base as usize, c.ring.len as usize);
         let ring = wqes.get_mut(at..at + len).unwrap_or(&mut []);
         SendQueue { c, ring }
     }
 
+    #[inline]
     fn at(&self, k: u32) -> usize {
-        (self.c.head as usize + k as usize) % self.ring.len().max(1)
+        // head < depth and k <= depth on every path: one subtraction, not a division.
+        let (at, depth) = (self.c.head as usize + k as usize, self.ring.len());
+        if at < depth {
+            at
+        } else if at < 2 * depth {
+            at - depth
+        } else {
+            at % depth.max(1)
+        }
     }
 
     /// WQEs queued.
+    #[inline]
     pub(crate) fn len(&self) -> u32 {
         self.c.len
     }
 
     /// WQEs handed to the card (a prefix).
+    #[inline]
     pub(crate) fn sent(&self) -> u32 {
         self.c.sent
     }
 
     /// Every slot is taken (a READ response finds no room).
+    #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.c.len as usize >= self.ring.len()
     }
@@ -180,22 +195,26 @@ impl<'a> SendQueue<'a> {
     }
 
     /// The k-th WQE from the oldest.
+    #[inline]
     pub(crate) fn get(&self, k: u32) -> Option<&Wqe> {
         (k < self.c.len).then(|| &self.ring[self.at(k)])
     }
 
     /// The k-th WQE from the oldest, to change.
+    #[inline]
     pub(crate) fn get_mut(&mut self, k: u32) -> Option<&mut Wqe> {
         let at = self.at(k);
         (k < self.c.len).then(|| &mut self.ring[at])
     }
 
     /// The WQEs handed to the card, oldest first.
+    #[inline]
     pub(crate) fn sent_wqes(&self) -> impl Iterator<Item = &Wqe> + '_ {
         (0..self.c.sent).filter_map(|k| self.get(k))
     }
 
     /// The same, to change.
+    #[inline]
     pub(crate) fn for_each_sent(&mut self, mut f: impl FnMut(&mut Wqe)) {
         for k in 0..self.c.sent {
             let at = self.at(k);
@@ -204,6 +223,7 @@ impl<'a> SendQueue<'a> {
     }
 
     /// Every queued WQE, to change.
+    #[inline]
     pub(crate) fn for_each(&mut self, mut f: impl FnMut(&mut Wqe)) {
         for k in 0..self.c.len {
             let at = self.at(k);
@@ -212,11 +232,13 @@ impl<'a> SendQueue<'a> {
     }
 
     /// The newest WQE handed to the card.
+    #[inline]
     pub(crate) fn last_sent(&self) -> Option<&Wqe> {
         self.c.sent.checked_sub(1).and_then(|k| self.get(k))
     }
 
     /// Appends a WQE; gives it back when the queue is full.
+    #[inline]
     pub(crate) fn push(&mut self, w: Wqe) -> Result<(), Wqe> {
         if self.is_full() {
             return Err(w);
@@ -229,11 +251,13 @@ impl<'a> SendQueue<'a> {
     }
 
     /// The oldest WQE not handed to the card yet became sent.
+    #[inline]
     pub(crate) fn mark_sent(&mut self) {
         self.c.sent = (self.c.sent + 1).min(self.c.len);
     }
 
     /// Takes the oldest WQE off the queue (if anything was sent, it was).
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<Wqe> {
         if self.c.len == 0 {
             return None;
@@ -248,6 +272,7 @@ impl<'a> SendQueue<'a> {
     }
 
     /// Nothing is on the wire any more (the queue was flushed).
+    #[inline]
     pub(crate) fn forget_sent(&mut self) {
         self.c.sent = 0;
     }
@@ -271,6 +296,7 @@ pub(crate) enum Timer {
 
 impl QpTimers {
     /// When `t` fires.
+    #[inline]
     pub(crate) fn get(&self, t: Timer) -> Option<Instant> {
         match t {
             Timer::Retransmit => self.retransmit,
@@ -279,6 +305,7 @@ impl QpTimers {
     }
 
     /// Sets (or with `None` stops) `t`.
+    #[inline]
     pub(crate) fn set(&mut self, t: Timer, at: Option<Instant>) {
         match t {
             Timer::Retransmit => self.retransmit = at,
@@ -287,6 +314,7 @@ impl QpTimers {
     }
 
     /// Starts `t` unless it runs.
+    #[inline]
     pub(crate) fn start(&mut self, t: Timer, at: Option<Instant>) {
         if self.get(t).is_none() {
             self.set(t, at);
@@ -294,6 +322,7 @@ impl QpTimers {
     }
 
     /// The earlier of the two.
+    #[inline]
     pub(crate) fn next(&self) -> Option<Instant> {
         match (self.retransmit, self.rnr) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -302,12 +331,14 @@ impl QpTimers {
     }
 
     /// Whether `t` runs and is due at `now`.
+    #[inline]
     pub(crate) fn is_due(&self, t: Timer, now: Instant) -> bool {
         self.get(t).is_some_and(|d| now >= d)
     }
 }
 
 /// The earliest deadline of a timer table.
+#[inline]
 pub(crate) fn next_deadline(timers: &[QpTimers]) -> Option<Instant> {
     timers.iter().filter_map(QpTimers::next).min()
 }
@@ -323,6 +354,7 @@ pub(crate) struct CqRing<'a> {
 
 impl<'a> CqRing<'a> {
     /// The ring in `range` of `cqes` (the whole table), holding `cap` completions.
+    #[inline]
     pub(crate) fn new(
         head: &'a mut u32,
         len: &'a mut u32,
@@ -341,6 +373,7 @@ impl<'a> CqRing<'a> {
     }
 
     /// Appends a completion; gives it back when the CQ holds `cap` already.
+    #[inline]
     pub(crate) fn push(&mut self, wc: WorkCompletion) -> Result<(), WorkCompletion> {
         if *self.len >= self.cap {
             return Err(wc);
@@ -352,6 +385,7 @@ impl<'a> CqRing<'a> {
     }
 
     /// Takes the oldest completion.
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<WorkCompletion> {
         if *self.len == 0 {
             return None;

@@ -98,6 +98,7 @@ pub struct Wqe {
 
 impl Wqe {
     /// The WQE of an application request (validated by the requester).
+    #[inline]
     pub(crate) fn request(wr: &SendWr, needs_recv: bool) -> Self {
         let op = match wr.op {
             SendOp::Write => RequestOp::Write,
@@ -125,6 +126,7 @@ impl Wqe {
 
     /// The WQE of a READ response; its PSN count is known at once (one packet per PMTU of
     /// the requester's sink).
+    #[inline]
     pub(crate) fn read_response(r: ReadResponse, pmtu: Pmtu) -> Self {
         Wqe {
             kind: WqeKind::ReadResponse(r),
@@ -134,6 +136,7 @@ impl Wqe {
     }
 
     /// The card's op code.
+    #[inline]
     pub(crate) fn opcode(&self) -> WorkReqOpcode {
         match self.kind {
             WqeKind::Request(r) => match r.op {
@@ -149,6 +152,7 @@ impl Wqe {
     }
 
     /// Local buffer, length, remote buffer and keys: (laddr, lkey, len, raddr, rkey).
+    #[inline]
     pub(crate) fn buffers(&self) -> (VirtAddr, MrKey, u32, VirtAddr, MrKey) {
         match self.kind {
             WqeKind::Request(r) => (r.laddr, r.lkey, r.len, r.raddr, r.rkey),
@@ -164,16 +168,19 @@ impl Wqe {
     }
 
     /// Length in bytes.
+    #[inline]
     pub(crate) fn len(&self) -> u32 {
         self.buffers().2
     }
 
     /// The local key.
+    #[inline]
     pub(crate) fn lkey(&self) -> MrKey {
         self.buffers().1
     }
 
     /// Immediate data (0 without).
+    #[inline]
     pub(crate) fn imm(&self) -> u32 {
         match self.kind {
             WqeKind::Request(Request {
@@ -185,11 +192,13 @@ impl Wqe {
     }
 
     /// The solicited-event bit.
+    #[inline]
     pub(crate) fn solicited(&self) -> bool {
         matches!(self.kind, WqeKind::Request(r) if r.solicited)
     }
 
     /// An application READ.
+    #[inline]
     pub(crate) fn is_read(&self) -> bool {
         matches!(
             self.kind,
@@ -201,6 +210,7 @@ impl Wqe {
     }
 
     /// An application READ whose response data has not arrived.
+    #[inline]
     pub(crate) fn read_pending(&self) -> bool {
         matches!(
             self.kind,
@@ -212,6 +222,7 @@ impl Wqe {
     }
 
     /// Marks a READ's response data as arrived.
+    #[inline]
     pub(crate) fn set_read_done(&mut self) {
         if let WqeKind::Request(Request {
             op: RequestOp::Read { done },
@@ -223,11 +234,13 @@ impl Wqe {
     }
 
     /// A READ response the engine made (no completion).
+    #[inline]
     pub(crate) fn is_internal(&self) -> bool {
         matches!(self.kind, WqeKind::ReadResponse(_))
     }
 
     /// A SEND or SEND_WITH_IMM.
+    #[inline]
     pub(crate) fn is_send(&self) -> bool {
         matches!(
             self.kind,
@@ -239,11 +252,13 @@ impl Wqe {
     }
 
     /// Waits for the peer's next announced receive WR.
+    #[inline]
     pub(crate) fn needs_recv(&self) -> bool {
         matches!(self.kind, WqeKind::Request(r) if r.needs_recv)
     }
 
     /// Matches the peer's receive WR: a SEND writes into its buffer.
+    #[inline]
     pub(crate) fn match_recv(&mut self, addr: VirtAddr, key: MrKey) {
         if let WqeKind::Request(r) = &mut self.kind {
             if matches!(r.op, RequestOp::Send(_)) {
@@ -256,22 +271,26 @@ impl Wqe {
 
     /// Goes to the card as one chunk whatever its length: a READ request, or a request of
     /// zero bytes.
+    #[inline]
     pub(crate) fn is_whole(&self) -> bool {
         self.is_read() || self.len() == 0
     }
 
     /// Its PSN is never marked in the card's bitmap (nic-behaviour.md 3.2): a READ request
     /// or a zero-length WRITE.
+    #[inline]
     pub(crate) fn unmarked_by_card(&self) -> bool {
         self.is_read() || self.len() == 0 && self.opcode() == WorkReqOpcode::Write
     }
 
     /// Done: acknowledged, and a READ's data arrived.
+    #[inline]
     pub(crate) fn is_done(&self) -> bool {
         self.state == WqeState::Acked && !self.read_pending()
     }
 
     /// Assigns the PSN range and MSN at first transmission, in posting order.
+    #[inline]
     pub(crate) fn assign(&mut self, psn: Psn, msn: u16, pmtu: Pmtu) {
         self.npsn = if self.is_read() {
             1
@@ -284,12 +303,14 @@ impl Wqe {
     }
 
     /// The PSN after its last.
+    #[inline]
     pub(crate) fn end_psn(&self) -> Psn {
         self.psn.wrapping_add(self.npsn)
     }
 
     /// Packets not handed to the card yet: all of a pending request; for a sent one, those
     /// from the QP's `next_psn` on (the send window can stop a request in the middle).
+    #[inline]
     pub(crate) fn unsent_packets(&self, next_psn: Psn) -> u32 {
         match self.state {
             WqeState::Pending => self.npsn,
@@ -301,6 +322,7 @@ impl Wqe {
     }
 
     /// Its span for the fragmenter (a READ moves no data of its own).
+    #[inline]
     pub(crate) fn span(&self) -> WrSpan {
         let (laddr, _, len, raddr, _) = self.buffers();
         WrSpan {
@@ -312,6 +334,7 @@ impl Wqe {
     }
 
     /// Upper bound of the chunks it is cut into.
+    #[inline]
     pub(crate) fn chunk_count(&self) -> usize {
         if self.is_read() {
             1
@@ -322,6 +345,7 @@ impl Wqe {
 
     /// The completion to deliver when it leaves the send queue with `status`: an error
     /// always, a success only when signaled (with the length), never for a READ response.
+    #[inline]
     pub(crate) fn completion(&self, status: WcStatus, qpn: Qpn) -> Option<WorkCompletion> {
         let WqeKind::Request(r) = self.kind else {
             return None;
@@ -350,6 +374,7 @@ impl Wqe {
 }
 
 /// Upper bound of the chunks of a request of `len` bytes (an unaligned start adds one).
+#[inline]
 pub(crate) fn chunk_count_len(len: u32) -> usize {
     (len as usize).div_ceil(CHUNK_BYTES as usize) + 1
 }

@@ -1,7 +1,8 @@
 //! The messages of the out-of-band channel (oob-channel.md, normative;
 //! reference-latest.md 2.2 for the compatible record).
 //!
-//! A connection carries one [`Hello`] from each side, then 32-byte records back to back.
+//! A connection carries one [`Hello`] and one [`Proof`] from each side, then 32-byte
+//! records back to back.
 //! Everything is big-endian and fixed-length, so a reader always knows how many bytes the
 //! next message takes. Bytes 28..32 of a record are its kind ([`RecordKind`]): 0 is the
 //! compatible receive-WR record, whose last four bytes the reference driver sends as zero;
@@ -36,7 +37,7 @@
 //! Both kinds name the sender's own QPN, so the receiver dispatches both the same way: to
 //! its QP whose peer QPN is that QPN and whose peer IP is the connection's source.
 //!
-//! **Hello** (16 bytes, designed here; the reference has none):
+//! **Hello** (32 bytes in version 2, designed here; the reference has none):
 //!
 //! | Bytes | Field |
 //! |---|---|
@@ -45,9 +46,19 @@
 //! | 6..8 | zero (reserved; a different layout takes a new version) |
 //! | 8..12 | capabilities, u32 bit flags ([`Capabilities`]); unknown bits are kept |
 //! | 12..16 | the sender's device IPv4 address, network order |
+//! | 16..32 | a nonce the sender drew at random for this connection |
 //!
-//! Decoding checks the magic first, then the version (a peer speaking another version
-//! is refused with both versions named), then the reserved bytes.
+//! **Proof** (32 bytes, version 2): a keyed hash the platform computes over both hellos
+//! with the devices' shared secret, so that each side proves it knows the secret for this
+//! connection's nonces ([`Proof`] is opaque here; platform-linux's `oob` module defines
+//! the hash). The dialer sends its hello, the listener answers with its own, the dialer
+//! sends its proof, and the listener sends its proof when it accepts the connection.
+//!
+//! Decoding checks the magic first, then the version, as soon as those bytes arrive (a
+//! peer speaking another version is refused with both versions named), then the
+//! reserved bytes. Version 1 was the same hello without the nonce (16 bytes) and no
+//! proof: a version-1 peer is refused like any other version, because falling back to an
+//! unauthenticated hello would let anyone claim to be an old peer.
 
 use core::fmt;
 use core::net::Ipv4Addr;
@@ -57,11 +68,15 @@ use bitflags::bitflags;
 /// Length of a record (every kind).
 pub const RECV_WR_LEN: usize = 32;
 /// Length of the hello.
-pub const HELLO_LEN: usize = 16;
+pub const HELLO_LEN: usize = 32;
+/// Length of the hello's nonce (bytes 16..32).
+pub const NONCE_LEN: usize = 16;
+/// Length of a proof.
+pub const PROOF_LEN: usize = 32;
 /// The hello's magic bytes.
 pub const HELLO_MAGIC: [u8; 4] = *b"BRDM";
-/// The protocol version this codec speaks.
-pub const OOB_PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this codec speaks: 2 adds the nonce and the proofs.
+pub const OOB_PROTOCOL_VERSION: u16 = 2;
 /// The largest QPN a record may carry (24 bits).
 pub const MAX_QPN: u32 = 0x00FF_FFFF;
 
@@ -70,6 +85,8 @@ pub const MAX_QPN: u32 = 0x00FF_FFFF;
 pub enum OobMessageKind {
     /// The hello.
     Hello,
+    /// The proof that follows the hello.
+    Proof,
     /// A record (a receive-WR record unless its kind says otherwise).
     RecvWr,
     /// A receive-WR-too-short record.
@@ -80,6 +97,7 @@ impl fmt::Display for OobMessageKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             OobMessageKind::Hello => "hello",
+            OobMessageKind::Proof => "proof",
             OobMessageKind::RecvWr => "receive-WR record",
             OobMessageKind::RecvTooShort => "receive-WR-too-short record",
         })
@@ -200,15 +218,23 @@ pub struct Hello {
     pub capabilities: Capabilities,
     /// The sender's device IP (the listener checks it against the connection's source).
     pub device_ip: Ipv4Addr,
+    /// Drawn at random by the sender for this connection; the proofs cover it.
+    pub nonce: [u8; NONCE_LEN],
 }
 
 impl Hello {
-    /// The hello of this driver for `device_ip`.
+    /// The hello of this driver for `device_ip`, with a zero nonce ([`Hello::with_nonce`]).
     pub const fn new(device_ip: Ipv4Addr) -> Self {
         Hello {
             capabilities: Capabilities::OURS,
             device_ip,
+            nonce: [0; NONCE_LEN],
         }
+    }
+
+    /// The same hello with `nonce`.
+    pub const fn with_nonce(self, nonce: [u8; NONCE_LEN]) -> Self {
+        Hello { nonce, ..self }
     }
 
     /// The 16 bytes on the wire.
@@ -219,44 +245,73 @@ impl Hello {
         let (version, rest) = rest.split_at_mut(2);
         version.copy_from_slice(&OOB_PROTOCOL_VERSION.to_be_bytes());
         let (_reserved, rest) = rest.split_at_mut(2);
-        let (caps, ip) = rest.split_at_mut(4);
+        let (caps, rest) = rest.split_at_mut(4);
         caps.copy_from_slice(&self.capabilities.bits().to_be_bytes());
+        let (ip, nonce) = rest.split_at_mut(4);
         ip.copy_from_slice(&self.device_ip.octets());
+        nonce.copy_from_slice(&self.nonce);
         out
     }
 
     /// Decodes a hello from the front of `bytes`; returns it and the bytes after it.
+    ///
+    /// The magic, the version and the reserved bytes are checked on what is there before
+    /// the length, so that garbage and another version (a version-1 hello is 16 bytes)
+    /// are named as such even when the input is short.
     pub fn parse(bytes: &[u8]) -> Result<(Self, &[u8]), OobError> {
-        // The magic is checked before the length, so that garbage is named as such even
-        // when it is short.
         let magic_len = bytes.len().min(HELLO_MAGIC.len());
         if bytes.get(..magic_len) != HELLO_MAGIC.get(..magic_len) {
             let mut found = [0u8; 4];
             found[..magic_len].copy_from_slice(&bytes[..magic_len]);
             return Err(OobError::BadMagic { found });
         }
+        if let Some(&[v0, v1]) = bytes.get(4..6) {
+            let version = u16::from_be_bytes([v0, v1]);
+            if version != OOB_PROTOCOL_VERSION {
+                return Err(OobError::UnsupportedVersion {
+                    theirs: version,
+                    ours: OOB_PROTOCOL_VERSION,
+                });
+            }
+        }
+        if let Some(&[r0, r1]) = bytes.get(6..8) {
+            let reserved = u16::from_be_bytes([r0, r1]);
+            if reserved != 0 {
+                return Err(OobError::ReservedNotZero {
+                    message: OobMessageKind::Hello,
+                    offset: 6,
+                    value: reserved as u32,
+                });
+            }
+        }
         let (msg, rest) = split::<HELLO_LEN>(bytes, OobMessageKind::Hello)?;
-        let [_, _, _, _, v0, v1, r0, r1, c0, c1, c2, c3, i0, i1, i2, i3] = msg;
-        let version = u16::from_be_bytes([v0, v1]);
-        if version != OOB_PROTOCOL_VERSION {
-            return Err(OobError::UnsupportedVersion {
-                theirs: version,
-                ours: OOB_PROTOCOL_VERSION,
-            });
-        }
-        let reserved = u16::from_be_bytes([r0, r1]);
-        if reserved != 0 {
-            return Err(OobError::ReservedNotZero {
-                message: OobMessageKind::Hello,
-                offset: 6,
-                value: reserved as u32,
-            });
-        }
-        let hello = Hello {
-            capabilities: Capabilities::from_bits_retain(u32::from_be_bytes([c0, c1, c2, c3])),
-            device_ip: Ipv4Addr::new(i0, i1, i2, i3),
+        let (head, nonce) = msg.split_at(16);
+        let field = |at: usize| [0, 1, 2, 3].map(|k| head.get(at + k).copied().unwrap_or(0));
+        let mut hello = Hello {
+            capabilities: Capabilities::from_bits_retain(u32::from_be_bytes(field(8))),
+            device_ip: Ipv4Addr::from(field(12)),
+            nonce: [0; NONCE_LEN],
         };
+        hello.nonce.copy_from_slice(nonce);
         Ok((hello, rest))
+    }
+}
+
+/// The proof of the shared secret that follows each side's hello: 32 bytes the platform
+/// computes and checks (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Proof(pub [u8; PROOF_LEN]);
+
+impl Proof {
+    /// The 32 bytes on the wire.
+    pub const fn to_bytes(&self) -> [u8; PROOF_LEN] {
+        self.0
+    }
+
+    /// Takes a proof from the front of `bytes`; returns it and the bytes after it.
+    pub fn parse(bytes: &[u8]) -> Result<(Self, &[u8]), OobError> {
+        let (msg, rest) = split::<PROOF_LEN>(bytes, OobMessageKind::Proof)?;
+        Ok((Proof(msg), rest))
     }
 }
 
@@ -606,6 +661,7 @@ mod tests {
         let hello = Hello {
             capabilities: Capabilities::from_bits_retain(0x8000_0001),
             device_ip: Ipv4Addr::new(17, 34, 51, 10),
+            nonce: *b"0123456789abcdef",
         };
         let bytes = hello.to_bytes();
         assert_eq!(Hello::parse(&bytes), Ok((hello, &[][..])));
@@ -623,20 +679,43 @@ mod tests {
         assert!(matches!(
             Hello::parse(b"BRD"),
             Err(OobError::Truncated {
-                needed: 16,
+                needed: 32,
                 available: 3,
                 ..
             })
         ));
-        let mut v2 = bytes;
-        v2[5] = 2;
-        let err = Hello::parse(&v2).unwrap_err();
-        assert_eq!(err, OobError::UnsupportedVersion { theirs: 2, ours: 1 });
+        assert_eq!(bytes[16..], *b"0123456789abcdef");
+        // A version-1 hello (16 bytes, no nonce) is named by its version, not as short.
+        let mut v1 = bytes;
+        v1[5] = 1;
+        let err = Hello::parse(&v1[..16]).unwrap_err();
+        assert_eq!(err, OobError::UnsupportedVersion { theirs: 1, ours: 2 });
         extern crate std;
         use std::string::ToString;
         assert_eq!(
             err.to_string(),
-            "peer speaks OOB protocol version 2, this driver speaks version 1"
+            "peer speaks OOB protocol version 1, this driver speaks version 2"
+        );
+        let mut reserved = bytes;
+        reserved[7] = 1;
+        assert!(matches!(
+            Hello::parse(&reserved[..8]),
+            Err(OobError::ReservedNotZero { offset: 6, .. })
+        ));
+    }
+
+    #[test]
+    fn proof_is_32_opaque_bytes() {
+        let bytes = [7u8; 40];
+        assert_eq!(Proof::parse(&bytes), Ok((Proof([7; 32]), &bytes[32..])));
+        assert_eq!(Proof([7; 32]).to_bytes(), [7; 32]);
+        assert_eq!(
+            Proof::parse(&bytes[..31]),
+            Err(OobError::Truncated {
+                message: OobMessageKind::Proof,
+                needed: 32,
+                available: 31
+            })
         );
     }
 }

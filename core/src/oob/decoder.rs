@@ -1,5 +1,5 @@
 //! A streaming decoder for the out-of-band TCP byte stream (oob-channel.md): the hello,
-//! then records of any known kind, split across reads in any way.
+//! the proof, then records of any known kind, split across reads in any way.
 //!
 //! It owns a fixed 32-byte buffer (the longest message) and never allocates. Feed it every
 //! chunk a read returns:
@@ -17,10 +17,12 @@
 //! ```
 //!
 //! After an error the decoder stays failed and returns the same error: the connection
-//! must be closed. A bad magic is reported as soon as the first differing byte arrives.
+//! must be closed. A bad magic is reported as soon as the first differing byte arrives,
+//! another version as soon as the version's two bytes have.
 
 use super::codec::{
-    Hello, OobError, OobMessageKind, Record, RecvTooShort, RecvWr, HELLO_LEN, RECV_WR_LEN,
+    Hello, OobError, OobMessageKind, Proof, Record, RecvTooShort, RecvWr, HELLO_LEN, PROOF_LEN,
+    RECV_WR_LEN,
 };
 
 /// A decoded message.
@@ -28,6 +30,8 @@ use super::codec::{
 pub enum OobMessage {
     /// The peer's hello (always the first message of a connection).
     Hello(Hello),
+    /// The peer's proof (always the second).
+    Proof(Proof),
     /// An announced receive WR.
     RecvWr(RecvWr),
     /// A receive WR of ours was too short for the peer's SEND.
@@ -50,7 +54,7 @@ impl Default for OobDecoder {
 }
 
 impl OobDecoder {
-    /// A decoder for a new connection: a hello first, then records.
+    /// A decoder for a new connection: a hello first, a proof, then records.
     pub const fn new() -> Self {
         OobDecoder {
             buf: [0; RECV_WR_LEN],
@@ -60,7 +64,8 @@ impl OobDecoder {
         }
     }
 
-    /// A decoder for a peer that sends no hello (the reference driver): records only.
+    /// A decoder for a peer that sends no hello nor proof (the reference driver): records
+    /// only.
     pub const fn without_hello() -> Self {
         OobDecoder {
             buf: [0; RECV_WR_LEN],
@@ -88,6 +93,7 @@ impl OobDecoder {
     const fn next_len(&self) -> usize {
         match self.next {
             OobMessageKind::Hello => HELLO_LEN,
+            OobMessageKind::Proof => PROOF_LEN,
             OobMessageKind::RecvWr | OobMessageKind::RecvTooShort => RECV_WR_LEN,
         }
     }
@@ -123,10 +129,12 @@ impl OobDecoder {
             let buffered = self.buf;
             let bytes = buffered.get(..self.filled).unwrap_or(&[]);
             if self.filled < need {
-                // Name garbage early: the hello's magic is checked byte by byte.
+                // Name garbage early: the hello's magic and version are checked as their
+                // bytes arrive (a version-1 peer sends 16 bytes and waits).
                 if self.next == OobMessageKind::Hello {
-                    if let Err(e @ OobError::BadMagic { .. }) = Hello::parse(bytes) {
-                        return Err(self.fail(e));
+                    match Hello::parse(bytes) {
+                        Err(OobError::Truncated { .. }) | Ok(_) => {}
+                        Err(e) => return Err(self.fail(e)),
                     }
                 }
                 return Ok(None);
@@ -139,23 +147,29 @@ impl OobDecoder {
 
     /// Decodes one message of the expected kind from the front of `bytes`.
     fn parse<'a>(&mut self, bytes: &'a [u8]) -> Result<(OobMessage, &'a [u8]), OobError> {
-        let parsed = match self.next {
-            OobMessageKind::Hello => {
-                Hello::parse(bytes).map(|(h, rest)| (OobMessage::Hello(h), rest))
-            }
-            OobMessageKind::RecvWr | OobMessageKind::RecvTooShort => {
+        let (parsed, then) = match self.next {
+            OobMessageKind::Hello => (
+                Hello::parse(bytes).map(|(h, rest)| (OobMessage::Hello(h), rest)),
+                OobMessageKind::Proof,
+            ),
+            OobMessageKind::Proof => (
+                Proof::parse(bytes).map(|(p, rest)| (OobMessage::Proof(p), rest)),
+                OobMessageKind::RecvWr,
+            ),
+            OobMessageKind::RecvWr | OobMessageKind::RecvTooShort => (
                 Record::parse(bytes).map(|(record, rest)| {
                     let msg = match record {
                         Record::RecvWr(wr) => OobMessage::RecvWr(wr),
                         Record::RecvTooShort(r) => OobMessage::RecvTooShort(r),
                     };
                     (msg, rest)
-                })
-            }
+                }),
+                OobMessageKind::RecvWr,
+            ),
         };
         match parsed {
             Ok(ok) => {
-                self.next = OobMessageKind::RecvWr;
+                self.next = then;
                 Ok(ok)
             }
             Err(e) => Err(self.fail(e)),
@@ -189,8 +203,13 @@ mod tests {
     use super::*;
     use core::net::Ipv4Addr;
 
-    fn stream() -> ([u8; HELLO_LEN + 2 * RECV_WR_LEN], Hello, [RecvWr; 2]) {
-        let hello = Hello::new(Ipv4Addr::new(17, 34, 51, 10));
+    /// Hello, proof and records before `RECORDS_AT`.
+    const RECORDS_AT: usize = HELLO_LEN + PROOF_LEN;
+    const STREAM_LEN: usize = RECORDS_AT + 2 * RECV_WR_LEN;
+
+    fn stream() -> ([u8; STREAM_LEN], Hello, Proof, [RecvWr; 2]) {
+        let hello = Hello::new(Ipv4Addr::new(17, 34, 51, 10)).with_nonce([0x5a; 16]);
+        let proof = Proof([0xc3; PROOF_LEN]);
         let wrs = [
             RecvWr {
                 wr_id: 1,
@@ -204,16 +223,17 @@ mod tests {
                 ..RecvWr::default()
             },
         ];
-        let mut bytes = [0u8; HELLO_LEN + 2 * RECV_WR_LEN];
-        bytes[..16].copy_from_slice(&hello.to_bytes());
-        bytes[16..48].copy_from_slice(&wrs[0].to_bytes().unwrap());
-        bytes[48..].copy_from_slice(&wrs[1].to_bytes().unwrap());
-        (bytes, hello, wrs)
+        let mut bytes = [0u8; STREAM_LEN];
+        bytes[..HELLO_LEN].copy_from_slice(&hello.to_bytes());
+        bytes[HELLO_LEN..RECORDS_AT].copy_from_slice(&proof.to_bytes());
+        bytes[RECORDS_AT..RECORDS_AT + 32].copy_from_slice(&wrs[0].to_bytes().unwrap());
+        bytes[RECORDS_AT + 32..].copy_from_slice(&wrs[1].to_bytes().unwrap());
+        (bytes, hello, proof, wrs)
     }
 
     #[test]
     fn byte_by_byte_gives_the_same_messages() {
-        let (bytes, hello, wrs) = stream();
+        let (bytes, hello, proof, wrs) = stream();
         let mut dec = OobDecoder::new();
         let mut got = std::vec::Vec::new();
         for b in bytes.iter() {
@@ -227,6 +247,7 @@ mod tests {
             got,
             [
                 OobMessage::Hello(hello),
+                OobMessage::Proof(proof),
                 OobMessage::RecvWr(wrs[0]),
                 OobMessage::RecvWr(wrs[1])
             ]
@@ -236,12 +257,17 @@ mod tests {
 
     #[test]
     fn partial_message_is_need_more_then_truncated_at_close() {
-        let (bytes, _, _) = stream();
+        let (bytes, _, _, _) = stream();
         let mut dec = OobDecoder::new();
-        let mut input = &bytes[..20];
+        let mut input = &bytes[..RECORDS_AT + 4];
         assert!(matches!(
             dec.decode(&mut input),
             Ok(Some(OobMessage::Hello(_)))
+        ));
+        assert_eq!(dec.expecting(), OobMessageKind::Proof);
+        assert!(matches!(
+            dec.decode(&mut input),
+            Ok(Some(OobMessage::Proof(_)))
         ));
         assert_eq!(dec.decode(&mut input), Ok(None));
         assert_eq!(dec.buffered(), 4);
@@ -267,8 +293,20 @@ mod tests {
     }
 
     #[test]
+    fn a_version_1_hello_fails_on_its_16_bytes() {
+        let (bytes, _, _, _) = stream();
+        let mut v1 = bytes;
+        v1[5] = 1;
+        let mut dec = OobDecoder::new();
+        let mut input = &v1[..16];
+        let err = OobError::UnsupportedVersion { theirs: 1, ours: 2 };
+        assert_eq!(dec.decode(&mut input), Err(err));
+        assert_eq!(dec.finish(), Err(err));
+    }
+
+    #[test]
     fn too_short_records_decode_and_unknown_kinds_fail_for_good() {
-        let (bytes, _, wrs) = stream();
+        let (bytes, _, _, wrs) = stream();
         let rec = RecvTooShort {
             wr_id: 9,
             send_len: 101,
@@ -279,10 +317,14 @@ mod tests {
         more[32..].copy_from_slice(&wrs[0].to_bytes().unwrap());
         more[63] = 7;
         let mut dec = OobDecoder::new();
-        let mut input = &bytes[..48];
+        let mut input = &bytes[..RECORDS_AT + 32];
         assert!(matches!(
             dec.decode(&mut input),
             Ok(Some(OobMessage::Hello(_)))
+        ));
+        assert!(matches!(
+            dec.decode(&mut input),
+            Ok(Some(OobMessage::Proof(_)))
         ));
         assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[0]))));
         // Split inside the kind field.
@@ -300,9 +342,9 @@ mod tests {
 
     #[test]
     fn records_only_mode_for_the_reference_driver() {
-        let (bytes, _, wrs) = stream();
+        let (bytes, _, _, wrs) = stream();
         let mut dec = OobDecoder::without_hello();
-        let mut input = &bytes[16..];
+        let mut input = &bytes[RECORDS_AT..];
         assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[0]))));
         assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[1]))));
         assert_eq!(dec.decode(&mut input), Ok(None));

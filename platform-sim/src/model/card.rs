@@ -5,12 +5,16 @@
 //! The transmit thread sleeps on the doorbell (a head write of a host-to-card ring); the
 //! receive thread blocks on the link with a timeout set by its pending work (a full ring, a
 //! quiet timer). Neither spins when there is nothing to do.
+//!
+//! [`SteppedNic`] is the same card without threads: its owner calls the transmit and
+//! receive steps itself and moves its [`VirtualClock`] (the two-card harness,
+//! [`crate::pair`]).
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize};
 use bluerdma_core::desc::cmd::SetNetworkParam;
@@ -19,6 +23,7 @@ use bluerdma_core::keys::QP_TABLE_LEN;
 use bluerdma_core::regs::RingId;
 
 use super::autoack::AckWindow;
+use super::clock::{CardClock, VirtualClock};
 use super::regs::RegisterFile;
 use super::rings;
 use super::rx::RxEngine;
@@ -109,20 +114,31 @@ pub struct Shared {
     pub stats: NicStats,
     /// Configuration.
     pub config: NicConfig,
-    /// Time origin of the card (ns timestamps are relative to it).
-    pub epoch: Instant,
+    /// The card's time source (ns timestamps are relative to its origin).
+    pub clock: CardClock,
     stop: AtomicBool,
 }
 
 impl Shared {
+    fn new(config: NicConfig, regs: Arc<RegisterFile>, clock: CardClock) -> Arc<Self> {
+        Arc::new(Shared {
+            regs,
+            state: Mutex::new(CardState::new(config.page_size)),
+            stats: NicStats::default(),
+            clock,
+            stop: AtomicBool::new(false),
+            config,
+        })
+    }
+
     /// Locks the card state (a poisoned lock is taken over: the state is plain data).
     pub fn state(&self) -> MutexGuard<'_, CardState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Nanoseconds since the card started.
+    /// Nanoseconds since the card started (or since its virtual clock's origin).
     pub fn now_ns(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        self.clock.now_ns()
     }
 
     /// Whether the card is shutting down.
@@ -131,7 +147,9 @@ impl Shared {
     }
 
     /// Writes descriptors to a card-to-host ring, waiting while it is full (the card never
-    /// drops a report). Gives up only when the card stops.
+    /// drops a report). Gives up only when the card stops, or at once on a virtual clock:
+    /// there the driver runs on the caller's thread, so nobody can free the ring while the
+    /// card waits (the descriptors are dropped and counted in `dma_faults`, and logged).
     pub fn produce_blocking(&self, dma: &mut dyn DmaPort, id: RingId, descs: &[RawDesc]) {
         let mut waited = false;
         loop {
@@ -141,6 +159,15 @@ impl Shared {
                     if !waited {
                         NicStats::bump(&self.stats.backpressure_waits);
                         waited = true;
+                    }
+                    if self.clock.is_virtual() {
+                        NicStats::bump(&self.stats.dma_faults);
+                        log::error!(
+                            "{}: {id:?} ring full on a stepped card; {} descriptors dropped",
+                            self.config.name,
+                            descs.len()
+                        );
+                        return;
                     }
                     if self.stopping() {
                         return;
@@ -173,17 +200,11 @@ impl Nic {
         rx_dma: Box<dyn DmaPort>,
         link: Box<dyn LinkPort>,
     ) -> std::io::Result<Nic> {
-        let shared = Arc::new(Shared {
-            regs,
-            state: Mutex::new(CardState::new(config.page_size)),
-            stats: NicStats::default(),
-            epoch: Instant::now(),
-            stop: AtomicBool::new(false),
-            config,
-        });
-        let sender = link.sender()?;
-        let mut tx = TxEngine::new(Arc::clone(&shared), tx_dma, sender);
-        let mut rx = RxEngine::new(Arc::clone(&shared), rx_dma, link);
+        let SteppedNic {
+            shared,
+            mut tx,
+            mut rx,
+        } = SteppedNic::build(config, regs, tx_dma, rx_dma, link, CardClock::real())?;
         let name = shared.config.name.clone();
         let threads = vec![
             thread::Builder::new()
@@ -224,5 +245,93 @@ impl Nic {
 impl Drop for Nic {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// An emulated card without threads: its owner runs the transmit and receive steps and
+/// moves its virtual clock. Frames go out and come in through `link` as in the threaded
+/// card; `recv_frames` is always called with a zero timeout.
+pub struct SteppedNic {
+    shared: Arc<Shared>,
+    tx: TxEngine,
+    rx: RxEngine,
+}
+
+impl SteppedNic {
+    /// A card on `regs`, reaching host memory through the two DMA ports and the world
+    /// through `link`, whose time is `clock`.
+    pub fn new(
+        config: NicConfig,
+        regs: Arc<RegisterFile>,
+        tx_dma: Box<dyn DmaPort>,
+        rx_dma: Box<dyn DmaPort>,
+        link: Box<dyn LinkPort>,
+        clock: VirtualClock,
+    ) -> std::io::Result<Self> {
+        Self::build(
+            config,
+            regs,
+            tx_dma,
+            rx_dma,
+            link,
+            CardClock::Virtual(clock),
+        )
+    }
+
+    /// Both sides of a card on `clock` (the threaded card runs them on its threads).
+    fn build(
+        config: NicConfig,
+        regs: Arc<RegisterFile>,
+        tx_dma: Box<dyn DmaPort>,
+        rx_dma: Box<dyn DmaPort>,
+        link: Box<dyn LinkPort>,
+        clock: CardClock,
+    ) -> std::io::Result<Self> {
+        let shared = Shared::new(config, regs, clock);
+        let sender = link.sender()?;
+        Ok(Self {
+            tx: TxEngine::new(Arc::clone(&shared), tx_dma, sender),
+            rx: RxEngine::new(Arc::clone(&shared), rx_dma, link),
+            shared,
+        })
+    }
+
+    /// Executes the commands on the command ring (responses included); returns whether
+    /// there were any.
+    pub fn step_commands(&mut self) -> bool {
+        self.tx.step_commands()
+    }
+
+    /// One pass of the transmit side: commands, send ring, simple-NIC TX; the frames go to
+    /// the link. Returns whether there was work.
+    pub fn step_tx(&mut self) -> bool {
+        self.tx.step()
+    }
+
+    /// One pass of the receive side at the clock's current time: the frames the link holds,
+    /// the quiet timers, the reports waiting for ring space, the NAKs. Returns whether it
+    /// did anything.
+    pub fn step_rx(&mut self) -> bool {
+        self.rx.step_now()
+    }
+
+    /// When the earliest quiet timer of a receive window fires (ns on the card's clock), if
+    /// one is armed.
+    pub fn next_timer_ns(&self) -> Option<u64> {
+        let quiet = self.shared.config.quiet_timeout.as_nanos() as u64;
+        let state = self.shared.state();
+        state
+            .quiet_pending
+            .iter()
+            .filter_map(|&i| state.windows.get(i as usize))
+            .filter(|w| !w.has_reported)
+            // poll_quiet fires once strictly more than `quiet` has passed.
+            .map(|w| w.last_entry_time.saturating_add(quiet).saturating_add(1))
+            .min()
+    }
+
+    /// The shared state: counters, register file, tables and windows.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod autoack;
 pub mod card;
+pub mod clock;
 mod cmd;
 pub mod regs;
 pub mod rings;
@@ -11,5 +12,6 @@ pub mod stats;
 pub mod tables;
 mod tx;
 
-pub use card::{CardState, Nic, NicConfig, Shared};
+pub use card::{CardState, Nic, NicConfig, Shared, SteppedNic};
+pub use clock::{CardClock, VirtualClock};
 pub use stats::{NicStats, NicStatsSnapshot};

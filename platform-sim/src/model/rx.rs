@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,6 +81,17 @@ impl RxEngine {
             // Wake in time for the earliest quiet deadline.
             self.shared.config.quiet_timeout / 2
         }
+    }
+
+    /// One step without waiting (a stepped card): returns whether a frame arrived, a quiet
+    /// timer fired or a waiting report found room.
+    pub fn step_now(&mut self) -> bool {
+        let pending = self.pending.len();
+        let quiet = self.shared.stats.quiet_reports.load(Ordering::Relaxed);
+        let frames = self.step(Duration::ZERO);
+        frames > 0
+            || self.pending.len() != pending
+            || self.shared.stats.quiet_reports.load(Ordering::Relaxed) != quiet
     }
 
     /// Receives for at most `timeout`, then flushes pending reports and runs the timers.

@@ -81,6 +81,11 @@ impl TxEngine {
         work
     }
 
+    /// Only the command ring (a driver waiting for a command's response).
+    pub fn step_commands(&mut self) -> bool {
+        self.commands()
+    }
+
     fn fetch(&mut self, id: RingId) -> usize {
         self.descs.clear();
         match rings::fetch(

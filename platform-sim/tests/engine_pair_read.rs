@@ -1,0 +1,230 @@
+//! RDMA READ on the two-card harness: response bytes and completion, lost requests and
+//! responses recovered, requests the responder refuses.
+
+mod common;
+
+use bluerdma_sim::core::desc::AccessFlags;
+use bluerdma_sim::core::engine::{SendWr, WcOpcode, WcStatus};
+use bluerdma_sim::core::qp::{QpAccessFlags, QpState};
+use bluerdma_sim::core::wire::RdmaOpcode;
+use bluerdma_sim::pair::{Fault, FrameInfo, Pair, QpOptions};
+use common::*;
+
+const PKT: usize = 4096;
+
+fn read_once(len: usize) {
+    let (mut p, c) = default_pair();
+    let source = filled(&mut p, &c, B, len, 1);
+    let sink = buffer(&mut p, &c, A, len + 16);
+    post(&mut p, &c, A, &[read(3, &sink, 8, &source, 0, len)]);
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(500));
+    let wc = wcs[0];
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (3, WcStatus::Success, WcOpcode::RdmaRead, len as u32)
+    );
+    let got = p.bytes(&sink).to_vec();
+    assert!(got[8..8 + len] == pattern(len, 1)[..], "{len} bytes differ");
+    assert!(
+        got[..8].iter().chain(&got[8 + len..]).all(|&b| b == 0),
+        "written around the sink"
+    );
+    assert_eq!(p.stats(A).retransmits + p.stats(B).retransmits, 0);
+}
+
+#[test]
+fn read_of_1_byte_returns_it() {
+    read_once(1);
+}
+
+#[test]
+fn read_of_4_kib_returns_it() {
+    read_once(4096);
+}
+
+#[test]
+fn read_of_1_mib_returns_every_byte() {
+    read_once(1 << 20);
+}
+
+fn responses(p: &Pair) -> Vec<(u32, bool)> {
+    p.sent_by(B)
+        .filter(|f| f.opcode().is_some_and(|o| o.is_read_response()))
+        .map(|f| (f.psn().unwrap(), f.is_retry()))
+        .collect()
+}
+
+#[test]
+fn a_lost_response_packet_is_resent_and_the_read_completes_with_every_byte() {
+    let o = QpOptions {
+        timeout: 10,
+        ..QpOptions::default()
+    };
+    let (mut p, c) = connected(&o);
+    let source = filled(&mut p, &c, B, 16 * PKT, 2);
+    let sink = buffer(&mut p, &c, A, 16 * PKT);
+    p.inject(Fault::Drop, Some(1), |f| {
+        f.from == B && f.is_data() && f.psn() == Some(5)
+    });
+    post(&mut p, &c, A, &[read(1, &sink, 0, &source, 0, 16 * PKT)]);
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!(
+        (wcs[0].status, wcs[0].byte_len),
+        (WcStatus::Success, 16 * PKT as u32)
+    );
+    assert!(p.bytes(&sink) == &pattern(16 * PKT, 2)[..]);
+    let resent: Vec<u32> = responses(&p)
+        .into_iter()
+        .filter(|r| r.1)
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(
+        resent,
+        (5..16).collect::<Vec<u32>>(),
+        "go-back-N on the response from PSN 5"
+    );
+}
+
+#[test]
+fn a_lost_single_packet_response_is_recovered_by_a_timeout() {
+    let o = QpOptions {
+        timeout: 10,
+        ..QpOptions::default()
+    };
+    let (mut p, c) = connected(&o);
+    let source = filled(&mut p, &c, B, 100, 3);
+    let sink = buffer(&mut p, &c, A, 100);
+    p.inject(Fault::Drop, Some(1), |f| f.from == B && f.is_data());
+    post(&mut p, &c, A, &[read(1, &sink, 0, &source, 0, 100)]);
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert!(p.bytes(&sink) == &pattern(100, 3)[..]);
+    assert_eq!(p.now(), ib_timeout_ns(10), "recovered at the first timeout");
+    // Both timers run out at once: the requester resends its request (answered by PSN as a
+    // resend, not again) and the responder resends its unacknowledged response.
+    assert_eq!((p.stats(A).timeouts, p.stats(B).timeouts), (1, 1));
+    assert_eq!(
+        responses(&p),
+        [(0, false), (0, true)],
+        "the response went twice, no more"
+    );
+    p.run_for(ms(50)).unwrap();
+    assert!(
+        p.poll_cq(A, c.send_cq[0]).is_empty(),
+        "one completion for one READ"
+    );
+}
+
+#[test]
+fn a_lost_read_request_is_resent_after_a_timeout() {
+    let o = QpOptions {
+        timeout: 10,
+        ..QpOptions::default()
+    };
+    let (mut p, c) = connected(&o);
+    let source = filled(&mut p, &c, B, 5000, 4);
+    let sink = buffer(&mut p, &c, A, 5000);
+    p.inject(Fault::Drop, Some(1), |f| {
+        f.opcode() == Some(RdmaOpcode::ReadRequest)
+    });
+    post(&mut p, &c, A, &[read(1, &sink, 0, &source, 0, 5000)]);
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert!(p.bytes(&sink) == &pattern(5000, 4)[..]);
+    assert_eq!(p.stats(A).timeouts, 1);
+    let requests: Vec<bool> = p
+        .sent_by(A)
+        .filter(|f| f.opcode() == Some(RdmaOpcode::ReadRequest))
+        .map(FrameInfo::is_retry)
+        .collect();
+    assert_eq!(requests, [false, true]);
+}
+
+fn refused_read(o: &QpOptions, source_access: AccessFlags, bad_key: bool) {
+    let o = QpOptions {
+        timeout: 8,
+        retry_cnt: 2,
+        ..*o
+    };
+    let (mut p, c) = connected(&o);
+    let source = p.reg_mr(B, c.pd[1], 4096, source_access).unwrap();
+    p.bytes_mut(&source).copy_from_slice(&pattern(4096, 5));
+    let sink = buffer(&mut p, &c, A, 4096);
+    let mut wr = read(1, &sink, 0, &source, 0, 4096);
+    if bad_key {
+        wr.rkey = bluerdma_sim::core::keys::MrKey::from_raw(source.key.get() ^ 0x1);
+    }
+    // The READ behind it (PSN 1) leaves no mark in the card's bitmap either, so the
+    // responder's receive window shows no hole that would NAK and restart the timer.
+    // (It is refused for the same reason.)
+    let behind = SendWr {
+        rkey: wr.rkey,
+        ..read(2, &sink, 0, &source, 0, 16)
+    };
+    post(&mut p, &c, A, &[wr, behind]);
+    let wcs = send_wcs(&mut p, &c, A, 2, ms(100));
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(
+        p.now(),
+        3 * ib_timeout_ns(8),
+        "after retry_cnt + 1 timeouts"
+    );
+    assert!(p.bytes(&sink).iter().all(|&b| b == 0), "nothing read");
+    assert!(p.stats(B).read_refused >= 1);
+    assert!(responses(&p).is_empty(), "the responder sent no data");
+    assert_eq!(p.qp_state(A, c.qp(A)).unwrap(), QpState::Err);
+}
+
+#[test]
+fn a_read_with_a_bad_rkey_is_refused_by_the_responder_and_fails_retry_exceeded() {
+    refused_read(&QpOptions::default(), ALL, true);
+}
+
+#[test]
+fn a_read_of_an_mr_without_remote_read_is_refused() {
+    refused_read(
+        &QpOptions::default(),
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        false,
+    );
+}
+
+#[test]
+fn a_read_from_a_qp_without_remote_read_is_refused() {
+    let o = QpOptions {
+        access: QpAccessFlags::LOCAL_WRITE | QpAccessFlags::REMOTE_WRITE,
+        ..QpOptions::default()
+    };
+    refused_read(&o, ALL, false);
+}
+
+#[test]
+fn a_write_then_a_read_of_the_same_bytes_returns_what_was_written_in_posting_order() {
+    let (mut p, c) = default_pair();
+    let src = filled(&mut p, &c, A, 20_000, 6);
+    let remote = buffer(&mut p, &c, B, 20_000);
+    let sink = buffer(&mut p, &c, A, 20_000);
+    post(
+        &mut p,
+        &c,
+        A,
+        &[
+            write(1, &src, 0, &remote, 0, 20_000),
+            read(2, &sink, 0, &remote, 0, 20_000),
+            write(3, &src, 0, &remote, 0, 10),
+        ],
+    );
+    let wcs = send_wcs(&mut p, &c, A, 3, ms(100));
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.opcode)).collect::<Vec<_>>(),
+        [
+            (1, WcOpcode::RdmaWrite),
+            (2, WcOpcode::RdmaRead),
+            (3, WcOpcode::RdmaWrite)
+        ]
+    );
+    assert!(p.bytes(&sink) == &pattern(20_000, 6)[..]);
+}
