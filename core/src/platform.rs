@@ -29,6 +29,11 @@ pub enum PlatformError {
         /// The first unmapped address.
         va: VirtAddr,
     },
+    /// An address in the range may not be written, and the card may write the range.
+    ReadOnly {
+        /// The first read-only address.
+        va: VirtAddr,
+    },
     /// The range cannot be pinned (mlock limit, not resident).
     PinFailed {
         /// The first address that failed.
@@ -55,6 +60,11 @@ impl fmt::Display for PlatformError {
             }
             PlatformError::NotPermitted => f.write_str("operation not permitted"),
             PlatformError::NotMapped { va } => write!(f, "address {:#x} is not mapped", va.0),
+            PlatformError::ReadOnly { va } => write!(
+                f,
+                "address {:#x} is read-only, and the access lets the card write it",
+                va.0
+            ),
             PlatformError::PinFailed { va } => write!(f, "cannot pin memory at {:#x}", va.0),
             PlatformError::Disconnected { peer } => write!(f, "connection to {peer} lost"),
             PlatformError::WouldBlock => f.write_str("transport busy, try again"),
@@ -163,8 +173,12 @@ unsafe impl<T: DmaAllocator + ?Sized> DmaAllocator for &T {
 
 /// Resolution of user memory (an MR) to device addresses, with pinning.
 pub trait MemoryResolver {
-    /// Pins `[va, va + len)` so that its frames cannot move while registered.
-    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError>;
+    /// Pins `[va, va + len)` so that its frames cannot move while registered. The whole
+    /// range must be memory the card may read, and with `write` (the registration lets the
+    /// card write it) memory the process may write: anything else is refused
+    /// ([`PlatformError::NotMapped`], [`PlatformError::ReadOnly`]), as the kernel's pinning
+    /// refuses it with EFAULT, so that no peer can make the card touch it.
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError>;
     /// Undoes [`MemoryResolver::pin`] for the same range.
     fn unpin(&mut self, va: VirtAddr, len: usize);
     /// Writes the device address of `out.len()` consecutive pages of size `page` into `out`,
