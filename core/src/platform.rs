@@ -171,6 +171,56 @@ unsafe impl<T: DmaAllocator + ?Sized> DmaAllocator for &T {
     }
 }
 
+/// One mapping of a process's memory, as a `maps` file lists it (`/proc/self/maps` on
+/// Linux): `[start, end)` and whether the process may read and write it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappedRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// `r` in the permissions.
+    pub read: bool,
+    /// `w` in the permissions.
+    pub write: bool,
+}
+
+/// The check of [`MemoryResolver::pin`] for a hosted platform: every byte of
+/// `[va, va + len)` lies in a readable mapping of `maps` (ascending, as a `maps` file lists
+/// them), and with `write` in a writable one. [`PlatformError::NotMapped`] names the first
+/// byte that is not mapped or not readable (or `va` when the range wraps),
+/// [`PlatformError::ReadOnly`] the first that is not writable.
+pub fn check_mapped(
+    maps: impl IntoIterator<Item = MappedRange>,
+    va: VirtAddr,
+    len: u64,
+    write: bool,
+) -> Result<(), PlatformError> {
+    let end =
+        va.0.checked_add(len)
+            .ok_or(PlatformError::NotMapped { va })?;
+    let mut at = va.0;
+    for m in maps {
+        if at >= end {
+            break;
+        }
+        if m.end <= at {
+            continue;
+        }
+        if m.start > at || !m.read {
+            return Err(PlatformError::NotMapped { va: VirtAddr(at) });
+        }
+        if write && !m.write {
+            return Err(PlatformError::ReadOnly { va: VirtAddr(at) });
+        }
+        at = m.end;
+    }
+    if at < end {
+        return Err(PlatformError::NotMapped { va: VirtAddr(at) });
+    }
+    Ok(())
+}
+
 /// Resolution of user memory (an MR) to device addresses, with pinning.
 pub trait MemoryResolver {
     /// Pins `[va, va + len)` so that its frames cannot move while registered. The whole

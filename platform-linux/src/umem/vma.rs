@@ -16,6 +16,7 @@ use std::fs;
 use std::path::Path;
 
 use bluerdma_core::addr::VirtAddr;
+use bluerdma_core::platform::{check_mapped, MappedRange, PlatformError};
 
 use super::UmemError;
 use crate::paths::SystemPaths;
@@ -109,33 +110,26 @@ fn smaps_page_size(text: &str, start: u64) -> Option<u64> {
 }
 
 /// Checks that every byte of `[va, va + len)` is mapped readable in `vmas` (ascending, as
-/// `maps` lists them), and writable with `write`: [`UmemError::NotMapped`] names the first
+/// `maps` lists them), and writable with `write`
+/// ([`bluerdma_core::platform::check_mapped`]): [`UmemError::NotMapped`] names the first
 /// byte that is not mapped or not readable, [`UmemError::ReadOnly`] the first that is not
 /// writable.
 pub fn check_access_in(vmas: &[Vma], va: VirtAddr, len: u64, write: bool) -> Result<(), UmemError> {
-    let end =
-        va.0.checked_add(len)
-            .ok_or(UmemError::BadRange { va, len })?;
-    let mut at = va.0;
-    for v in vmas {
-        if at >= end {
-            break;
-        }
-        if v.end <= at {
-            continue;
-        }
-        if v.start > at || !v.read {
-            return Err(UmemError::NotMapped { va: VirtAddr(at) });
-        }
-        if write && !v.write {
-            return Err(UmemError::ReadOnly { va: VirtAddr(at) });
-        }
-        at = v.end;
+    if va.0.checked_add(len).is_none() {
+        return Err(UmemError::BadRange { va, len });
     }
-    if at < end {
-        return Err(UmemError::NotMapped { va: VirtAddr(at) });
-    }
-    Ok(())
+    let ranges = vmas.iter().map(|v| MappedRange {
+        start: v.start,
+        end: v.end,
+        read: v.read,
+        write: v.write,
+    });
+    check_mapped(ranges, va, len, write).map_err(|e| match e {
+        PlatformError::ReadOnly { va } => UmemError::ReadOnly { va },
+        PlatformError::NotMapped { va } => UmemError::NotMapped { va },
+        // check_mapped fails with nothing else.
+        _ => UmemError::NotMapped { va },
+    })
 }
 
 /// [`check_access_in`] against the process's `maps` now.

@@ -7,17 +7,7 @@ use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::platform::PlatformError;
 
 /// One mapping: `[start, end)` and whether it may be read and written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Mapping {
-    /// First byte.
-    pub start: u64,
-    /// One past the last byte.
-    pub end: u64,
-    /// `r` in the permissions.
-    pub read: bool,
-    /// `w` in the permissions.
-    pub write: bool,
-}
+pub use bluerdma_core::platform::MappedRange as Mapping;
 
 /// The mappings of a `maps` file's text, in its order (ascending); lines that do not parse
 /// are skipped.
@@ -37,36 +27,15 @@ pub fn parse(text: &str) -> impl Iterator<Item = Mapping> + '_ {
 
 /// Checks that every byte of `[va, va + len)` is mapped readable (and writable with
 /// `write`) in `maps`: `NotMapped` names the first byte that is not mapped or not
-/// readable, `ReadOnly` the first that is not writable.
+/// readable, `ReadOnly` the first that is not writable
+/// ([`bluerdma_core::platform::check_mapped`]).
 pub fn check_in(
     maps: impl Iterator<Item = Mapping>,
     va: u64,
     len: u64,
     write: bool,
 ) -> Result<(), PlatformError> {
-    let end = va
-        .checked_add(len)
-        .ok_or(PlatformError::NotMapped { va: VirtAddr(va) })?;
-    let mut at = va;
-    for m in maps {
-        if at >= end {
-            break;
-        }
-        if m.end <= at {
-            continue;
-        }
-        if m.start > at || !m.read {
-            return Err(PlatformError::NotMapped { va: VirtAddr(at) });
-        }
-        if write && !m.write {
-            return Err(PlatformError::ReadOnly { va: VirtAddr(at) });
-        }
-        at = m.end;
-    }
-    if at < end {
-        return Err(PlatformError::NotMapped { va: VirtAddr(at) });
-    }
-    Ok(())
+    bluerdma_core::platform::check_mapped(maps, VirtAddr(va), len, write)
 }
 
 /// [`check_in`] against this process's mappings now.
