@@ -29,6 +29,11 @@ pub enum PlatformError {
         /// The first unmapped address.
         va: VirtAddr,
     },
+    /// An address in the range may not be written, and the card may write the range.
+    ReadOnly {
+        /// The first read-only address.
+        va: VirtAddr,
+    },
     /// The range cannot be pinned (mlock limit, not resident).
     PinFailed {
         /// The first address that failed.
@@ -55,6 +60,11 @@ impl fmt::Display for PlatformError {
             }
             PlatformError::NotPermitted => f.write_str("operation not permitted"),
             PlatformError::NotMapped { va } => write!(f, "address {:#x} is not mapped", va.0),
+            PlatformError::ReadOnly { va } => write!(
+                f,
+                "address {:#x} is read-only, and the access lets the card write it",
+                va.0
+            ),
             PlatformError::PinFailed { va } => write!(f, "cannot pin memory at {:#x}", va.0),
             PlatformError::Disconnected { peer } => write!(f, "connection to {peer} lost"),
             PlatformError::WouldBlock => f.write_str("transport busy, try again"),
@@ -161,10 +171,64 @@ unsafe impl<T: DmaAllocator + ?Sized> DmaAllocator for &T {
     }
 }
 
+/// One mapping of a process's memory, as a `maps` file lists it (`/proc/self/maps` on
+/// Linux): `[start, end)` and whether the process may read and write it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappedRange {
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// `r` in the permissions.
+    pub read: bool,
+    /// `w` in the permissions.
+    pub write: bool,
+}
+
+/// The check of [`MemoryResolver::pin`] for a hosted platform: every byte of
+/// `[va, va + len)` lies in a readable mapping of `maps` (ascending, as a `maps` file lists
+/// them), and with `write` in a writable one. [`PlatformError::NotMapped`] names the first
+/// byte that is not mapped or not readable (or `va` when the range wraps),
+/// [`PlatformError::ReadOnly`] the first that is not writable.
+pub fn check_mapped(
+    maps: impl IntoIterator<Item = MappedRange>,
+    va: VirtAddr,
+    len: u64,
+    write: bool,
+) -> Result<(), PlatformError> {
+    let end =
+        va.0.checked_add(len)
+            .ok_or(PlatformError::NotMapped { va })?;
+    let mut at = va.0;
+    for m in maps {
+        if at >= end {
+            break;
+        }
+        if m.end <= at {
+            continue;
+        }
+        if m.start > at || !m.read {
+            return Err(PlatformError::NotMapped { va: VirtAddr(at) });
+        }
+        if write && !m.write {
+            return Err(PlatformError::ReadOnly { va: VirtAddr(at) });
+        }
+        at = m.end;
+    }
+    if at < end {
+        return Err(PlatformError::NotMapped { va: VirtAddr(at) });
+    }
+    Ok(())
+}
+
 /// Resolution of user memory (an MR) to device addresses, with pinning.
 pub trait MemoryResolver {
-    /// Pins `[va, va + len)` so that its frames cannot move while registered.
-    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError>;
+    /// Pins `[va, va + len)` so that its frames cannot move while registered. The whole
+    /// range must be memory the card may read, and with `write` (the registration lets the
+    /// card write it) memory the process may write: anything else is refused
+    /// ([`PlatformError::NotMapped`], [`PlatformError::ReadOnly`]), as the kernel's pinning
+    /// refuses it with EFAULT, so that no peer can make the card touch it.
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError>;
     /// Undoes [`MemoryResolver::pin`] for the same range.
     fn unpin(&mut self, va: VirtAddr, len: usize);
     /// Writes the device address of `out.len()` consecutive pages of size `page` into `out`,

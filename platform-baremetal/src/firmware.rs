@@ -16,8 +16,8 @@ use core::fmt;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
 use bluerdma_core::engine::{
-    Device, DeviceConfig, EngineStats, SendOp, SendWr, Storage, VerbsError, WcOpcode, WcStatus,
-    WorkCompletion,
+    Device, DeviceConfig, EngineStats, QpCaps, SendOp, SendWr, Storage, VerbsError, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::platform::{DmaAllocator, DmaBuffer, Platform, PlatformError};
@@ -329,13 +329,19 @@ pub fn firmware_main<P: Platform, S: Storage>(
     let key = dev
         .reg_mr(pd, VirtAddr(base), layout.total() as u64, all, clock)
         .map_err(verbs(Step::RegMr))?;
-    let cq_a = dev.create_cq().map_err(verbs(Step::CreateCq))?;
-    let cq_b = dev.create_cq().map_err(verbs(Step::CreateCq))?;
+    let cq_a = dev.create_cq(4).map_err(verbs(Step::CreateCq))?;
+    let cq_b = dev.create_cq(4).map_err(verbs(Step::CreateCq))?;
+    // One WRITE and one READ each way: a few requests, and room for the READ response.
+    let caps = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        read_responses: 4,
+    };
     let qp_a = dev
-        .create_qp(pd, cq_a, cq_a, QpType::Rc, clock)
+        .create_qp(pd, cq_a, cq_a, QpType::Rc, caps, clock)
         .map_err(verbs(Step::CreateQp))?;
     let qp_b = dev
-        .create_qp(pd, cq_b, cq_b, QpType::Rc, clock)
+        .create_qp(pd, cq_b, cq_b, QpType::Rc, caps, clock)
         .map_err(verbs(Step::CreateQp))?;
     let ip = cfg.device.ip;
     connect(&mut dev, qp_a, qp_b, cfg.psn_a, cfg.psn_b, ip, clock)?;

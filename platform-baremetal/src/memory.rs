@@ -1,5 +1,6 @@
 //! User memory on the soft-core: physical, never swapped or moved, so pinning only checks
-//! that the range lies in memory the card may reach, and translation is the identity.
+//! that the range lies in memory the card may reach, and translation is the identity. The
+//! soft-core has no memory protection: inside the window every byte may be written.
 
 use core::ops::Range;
 
@@ -21,7 +22,7 @@ impl IdentityMemory {
 }
 
 impl MemoryResolver for IdentityMemory {
-    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError> {
+    fn pin(&mut self, va: VirtAddr, len: usize, _write: bool) -> Result<(), PlatformError> {
         if va.0 < self.window.start {
             return Err(PlatformError::NotMapped { va });
         }
@@ -71,20 +72,20 @@ mod tests {
     #[test]
     fn ranges_outside_the_window_are_refused_with_the_first_bad_address() {
         let mut m = IdentityMemory::new(0x8000_0000..0x8100_0000);
-        assert!(m.pin(VirtAddr(0x8000_0000), 0x100_0000).is_ok());
+        assert!(m.pin(VirtAddr(0x8000_0000), 0x100_0000, true).is_ok());
         assert_eq!(
-            m.pin(VirtAddr(0x7FFF_FFFF), 2),
+            m.pin(VirtAddr(0x7FFF_FFFF), 2, false),
             Err(PlatformError::NotMapped {
                 va: VirtAddr(0x7FFF_FFFF)
             })
         );
         assert_eq!(
-            m.pin(VirtAddr(0x80FF_FFFF), 2),
+            m.pin(VirtAddr(0x80FF_FFFF), 2, false),
             Err(PlatformError::NotMapped {
                 va: VirtAddr(0x8100_0000)
             })
         );
-        assert!(m.pin(VirtAddr(u64::MAX), 2).is_err());
+        assert!(m.pin(VirtAddr(u64::MAX), 2, false).is_err());
         let mut top = [DeviceAddr(0); 2];
         assert!(m
             .translate(VirtAddr(u64::MAX), PageSize::Size4K, &mut top)

@@ -2,15 +2,19 @@
 //! allocated, and running out is the engine's `OutOfResources` error.
 
 use bluerdma_core::engine::{
-    CqSlot, EarlyRecv, MrSlot, QpSlot, QpTimers, Slices, Storage, WorkCompletion, Wqe,
+    CqSlot, EarlyRecv, MrSlot, QpSlot, QpTimers, RecvEntry, Slices, Storage, WorkCompletion, Wqe,
 };
 
 /// Receive WRs peers may announce for QPs not connected yet (the soft-core has few QPs).
 pub const EARLY_RECVS: usize = 64;
+/// Receive WRs of all QPs (posted here, or announced by peers): half may be reserved by
+/// the QPs' `max_recv_wr`.
+pub const RECVS: usize = 64;
 
-/// Tables for `QPS` queue pairs of `SQ_DEPTH` send WQEs each, `CQS` completion queues of
-/// `CQ_DEPTH` completions each, and `MRS` memory-region slots (slot 0 is reserved by the
-/// card, so `MRS` must be at least 2 to register anything).
+/// Tables for `QPS` queue pairs with `SQ_DEPTH` send WQEs each on average, `CQS`
+/// completion queues of `CQ_DEPTH` completions each on average (each QP and CQ takes the
+/// part of the shared table it asks for at creation), and `MRS` memory-region slots (slot
+/// 0 is reserved by the card, so `MRS` must be at least 2 to register anything).
 pub struct StaticStorage<
     const QPS: usize,
     const SQ_DEPTH: usize,
@@ -24,6 +28,7 @@ pub struct StaticStorage<
     cqs: [CqSlot; CQS],
     cqes: [[WorkCompletion; CQ_DEPTH]; CQS],
     mrs: [MrSlot; MRS],
+    recvs: [RecvEntry; RECVS],
     early: [EarlyRecv; EARLY_RECVS],
 }
 
@@ -44,6 +49,7 @@ impl<
             cqs: [CqSlot::default(); CQS],
             cqes: [[WorkCompletion::EMPTY; CQ_DEPTH]; CQS],
             mrs: [MrSlot::default(); MRS],
+            recvs: [RecvEntry::default(); RECVS],
             early: [EarlyRecv::default(); EARLY_RECVS],
         }
     }
@@ -78,14 +84,9 @@ impl<
             cqs: &mut self.cqs,
             cqes: self.cqes.as_flattened_mut(),
             mrs: &mut self.mrs,
+            recvs: &mut self.recvs,
             early: &mut self.early,
         }
-    }
-    fn sq_depth(&self) -> usize {
-        SQ_DEPTH
-    }
-    fn cq_depth(&self) -> usize {
-        CQ_DEPTH
     }
 }
 
@@ -96,8 +97,8 @@ mod tests {
     #[test]
     fn slices_hold_depth_entries_per_object() {
         let mut s = StaticStorage::<3, 8, 2, 16, 5>::new();
-        assert_eq!((s.sq_depth(), s.cq_depth()), (8, 16));
         let t = s.slices();
+        assert_eq!(t.recvs.len(), RECVS);
         assert_eq!(
             (
                 t.qps.len(),

@@ -11,8 +11,8 @@
 //! card before its index is). Posting a raw address is `unsafe` with a written contract:
 //! the buffer belongs to the work request until its completion is polled.
 
-use std::collections::VecDeque;
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use bluerdma_core::addr::{PageSize, VirtAddr};
 use bluerdma_core::desc::{AccessFlags, MacAddr};
-use bluerdma_core::engine::{Device, DeviceConfig, EngineStats, VerbsError, WorkCompletion};
+use bluerdma_core::engine::{
+    AsyncEvent, Device, DeviceConfig, EngineStats, QpCaps, VerbsError, WorkCompletion,
+};
 use bluerdma_core::keys::MrKey;
 use bluerdma_core::platform::OobTransport;
 use bluerdma_core::qp::QpType;
@@ -106,7 +108,9 @@ impl DeviceSpec {
 type Engine = Device<DynPlatform, HeapStorage>;
 
 struct Inner {
-    dev: Mutex<Engine>,
+    /// The engine; closed ([`Device::close`], which frees the card's DMA buffers) when the
+    /// last handle goes.
+    dev: ManuallyDrop<Mutex<Engine>>,
     epoch: std::time::Instant,
     stop: AtomicBool,
     /// Wakes the progress thread when new work is posted.
@@ -115,14 +119,34 @@ struct Inner {
     /// Which backend the device runs on, and how its owned buffers are made.
     kind: BackendKind,
     buffers: BufferKind,
-    /// Keeps the backend alive (dropped after the engine, which is declared first).
-    handle: Mutex<Box<dyn BackendHandle>>,
+    /// Keeps the backend alive; dropped first when the last handle goes (the card stops
+    /// touching the engine's DMA buffers before [`Device::close`] frees them).
+    handle: ManuallyDrop<Mutex<Box<dyn BackendHandle>>>,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
     armed: Mutex<Vec<Weak<CqInner>>>,
     /// The consumer of received simple-NIC frames ([`Context::set_raw_handler`]).
     raw: Mutex<Option<RawHandler>>,
     /// Whether `raw` is set (read by the progress thread without taking `raw`).
     raw_wanted: AtomicBool,
+    /// The consumer of asynchronous events ([`Context::set_event_handler`]).
+    events: Mutex<Option<EventHandler>>,
+}
+
+/// A consumer of asynchronous events (a CQ overrun, a QP that failed on its own): called on
+/// the progress thread, without the device lock.
+pub type EventHandler = Box<dyn FnMut(AsyncEvent) + Send>;
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The card stops first (the emulated card's threads, the RTL DMA client): it must
+        // not touch the DMA buffers the engine frees.
+        // SAFETY: `handle` is dropped once, here, and never used again.
+        unsafe { ManuallyDrop::drop(&mut self.handle) };
+        // SAFETY: `dev` is taken once, here, and never used again.
+        let dev = unsafe { ManuallyDrop::take(&mut self.dev) };
+        let dev = dev.into_inner().unwrap_or_else(|e| e.into_inner());
+        drop(dev.close());
+    }
 }
 /// A consumer of received simple-NIC frames: called on the progress thread with each
 /// frame's bytes, without the device lock (it may post, poll or send raw frames).
@@ -201,17 +225,18 @@ impl Context {
             dev.attach_oob(DynOob(oob));
         }
         let inner = Arc::new(Inner {
-            dev: Mutex::new(dev),
+            dev: ManuallyDrop::new(Mutex::new(dev)),
             epoch,
             stop: AtomicBool::new(false),
             kick: (Mutex::new(false), Condvar::new()),
             spec,
             kind,
             buffers,
-            handle: Mutex::new(handle),
+            handle: ManuallyDrop::new(Mutex::new(handle)),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),
             raw_wanted: AtomicBool::new(false),
+            events: Mutex::new(None),
         });
         let thread_inner = Arc::clone(&inner);
         let progress = thread::Builder::new()
@@ -298,16 +323,27 @@ impl Context {
         })))
     }
 
-    /// Creates a completion queue.
+    /// Creates a completion queue of [`DEFAULT_CQE`] completions.
     pub fn create_cq(&self) -> Result<Cq, Error> {
-        let cq = self.inner.lock().create_cq().map_err(err("create_cq"))?;
+        self.create_cq_sized(DEFAULT_CQE)
+    }
+
+    /// Creates a completion queue that holds `cqe` completions; one more is an overrun
+    /// (the CQ raises [`AsyncEvent::CqError`] and its QPs go to ERR).
+    pub fn create_cq_sized(&self, cqe: u32) -> Result<Cq, Error> {
+        let cq = self.inner.lock().create_cq(cqe).map_err(err("create_cq"))?;
         Ok(Cq(Arc::new(CqInner {
             ctx: Arc::clone(&self.inner),
             cq,
-            stash: Mutex::new(VecDeque::new()),
             armed: AtomicBool::new(false),
             notify: Mutex::new(None),
         })))
+    }
+
+    /// Sets (or removes) the consumer of asynchronous events. Without one they are logged
+    /// and dropped.
+    pub fn set_event_handler(&self, handler: Option<EventHandler>) {
+        *self.inner.events.lock().unwrap_or_else(|e| e.into_inner()) = handler;
     }
 
     /// Sets (or, with `None`, removes) the consumer of received simple-NIC frames: frames
@@ -418,8 +454,13 @@ impl Pd {
         Ok(mr)
     }
 
-    /// Creates an RC queue pair in RESET.
+    /// Creates an RC queue pair in RESET with [`DEFAULT_QP_CAPS`].
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq) -> Result<Qp, Error> {
+        self.create_qp_with(send_cq, recv_cq, DEFAULT_QP_CAPS)
+    }
+
+    /// Creates an RC queue pair in RESET whose queues hold `caps`.
+    pub fn create_qp_with(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp, Error> {
         let ctx = &self.0.ctx;
         let qpn = {
             let mut clock = ctx.clock();
@@ -429,6 +470,7 @@ impl Pd {
                     send_cq.0.cq,
                     recv_cq.0.cq,
                     QpType::Rc,
+                    caps,
                     &mut clock,
                 )
                 .map_err(err("create_qp"))?
@@ -441,6 +483,15 @@ impl Pd {
         })
     }
 }
+
+/// The queue sizes of a QP made by [`Pd::create_qp`]: 256 send requests and 256 receive
+/// WRs (256 such QPs fit a device's tables).
+pub const DEFAULT_QP_CAPS: QpCaps = QpCaps {
+    max_send_wr: 256,
+    max_recv_wr: 256,
+    read_responses: bluerdma_core::engine::READ_RESPONSE_ROOM,
+};
+
 /// A registered memory region.
 pub struct Mr {
     pd: Pd,
@@ -500,24 +551,14 @@ impl Drop for Mr {
 /// A callback run when an armed CQ has a completion.
 pub type CqNotify = Box<dyn Fn() + Send + Sync>;
 
+/// Completions a CQ made by [`Context::create_cq`] holds.
+pub const DEFAULT_CQE: u32 = 4096;
+
 struct CqInner {
     ctx: Arc<Inner>,
     cq: u32,
-    /// Completions taken from the engine by the progress thread to decide an armed CQ's
-    /// event; polls drain them before the engine's (they are older).
-    stash: Mutex<VecDeque<WorkCompletion>>,
     armed: AtomicBool,
     notify: Mutex<Option<CqNotify>>,
-}
-
-impl CqInner {
-    /// Moves every completion the engine holds for this CQ into `stash`.
-    fn pull(&self, dev: &mut Engine, stash: &mut VecDeque<WorkCompletion>) {
-        let mut buf = [WorkCompletion::EMPTY; 32];
-        while let Ok(n @ 1..) = dev.poll_cq(self.cq, &mut buf) {
-            stash.extend(&buf[..n]);
-        }
-    }
 }
 
 impl Drop for CqInner {
@@ -539,17 +580,7 @@ impl Cq {
         let now = ctx.now();
         let mut dev = ctx.lock();
         dev.poll(now);
-        let mut stash = self.0.stash.lock().unwrap_or_else(|e| e.into_inner());
-        let mut n = 0;
-        while n < out.len() {
-            let Some(wc) = stash.pop_front() else { break };
-            out[n] = wc;
-            n += 1;
-        }
-        drop(stash);
-        n += dev
-            .poll_cq(self.0.cq, &mut out[n..])
-            .map_err(err("poll_cq"))?;
+        let n = dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))?;
         drop(dev);
         if n == 0 {
             // An application spinning on an empty CQ (ibv_rc_pingpong, perftest) would
@@ -561,13 +592,12 @@ impl Cq {
     }
 
     /// Adds a completion made outside the engine (a software transport such as UD): polls
-    /// return it after the ones already taken from the engine, and an armed CQ fires.
+    /// return it after the ones already queued, and an armed CQ fires. A full CQ overruns
+    /// as with the engine's own completions.
     pub fn push(&self, wc: WorkCompletion) {
-        self.0
-            .stash
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(wc);
+        if let Err(e) = self.0.ctx.lock().push_completion(self.0.cq, wc) {
+            log::error!("push_completion({}): {e}", self.0.cq);
+        }
         if self.0.armed.swap(false, Ordering::AcqRel) {
             if let Some(f) = self
                 .0
@@ -579,6 +609,21 @@ impl Cq {
                 f();
             }
         }
+    }
+
+    /// Changes how many completions the CQ holds; refused below the completions it holds
+    /// now.
+    pub fn resize(&self, cqe: u32) -> Result<(), Error> {
+        self.0
+            .ctx
+            .lock()
+            .resize_cq(self.0.cq, cqe)
+            .map_err(err("resize_cq"))
+    }
+
+    /// The CQ's handle in the engine (what [`AsyncEvent::CqError`] names).
+    pub fn handle(&self) -> u32 {
+        self.0.cq
     }
 
     /// Sets the callback [`Cq::arm`] fires (a completion channel's writer). It runs on the

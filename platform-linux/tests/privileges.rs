@@ -140,7 +140,7 @@ fn child_pin_without_cap_ipc_lock() {
     let va = VirtAddr(buf.addr());
     let mut umem = HostUmem::with(SystemPaths::default(), CompactionPolicy::Allow).unwrap();
     assert_eq!(
-        MemoryResolver::pin(&mut umem, va, 64 << 20),
+        MemoryResolver::pin(&mut umem, va, 64 << 20, true),
         Err(PlatformError::PinFailed { va })
     );
     let e = umem.last_error().unwrap();

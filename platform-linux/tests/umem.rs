@@ -190,7 +190,7 @@ fn movable_memory_is_refused_while_compaction_may_move_it() {
     let va = VirtAddr(buf.addr());
     let mut umem = HostUmem::new().unwrap();
     assert_eq!(
-        MemoryResolver::pin(&mut umem, va, 4 * MIB),
+        MemoryResolver::pin(&mut umem, va, 4 * MIB, true),
         Err(PlatformError::PinFailed { va })
     );
     let text = umem.last_error().unwrap().to_string();

@@ -212,7 +212,8 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
         page: PageSize,
         pd: u32,
     ) -> Result<(), RawError> {
-        mem.pin(va, len)?;
+        let writes = access.intersects(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+        mem.pin(va, len, writes)?;
         let pages = page.pages_spanned(va.0, len as u64) as usize;
         let mut done = 0;
         while done < pages {

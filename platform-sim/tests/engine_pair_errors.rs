@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use bluerdma_sim::core::desc::AccessFlags;
-use bluerdma_sim::core::engine::{SendWr, VerbsError, WcOpcode, WcStatus};
+use bluerdma_sim::core::engine::{AsyncEvent, SendWr, VerbsError, WcOpcode, WcStatus};
 use bluerdma_sim::core::keys::MrKey;
 use bluerdma_sim::core::qp::QpState;
 use bluerdma_sim::core::regs::Counter;
@@ -209,7 +209,10 @@ fn a_local_buffer_outside_its_mr_is_refused_at_post_naming_the_wr_and_key() {
 }
 
 #[test]
-fn completions_beyond_the_cq_depth_are_lost_and_counted() {
+fn completions_beyond_the_cq_depth_fail_the_cq_and_its_qp() {
+    // Issue J1: a full CQ is never silent. The completions that fit stay, the CQ raises
+    // CQ_ERR and the QP that completes into it goes to ERR (QP_FATAL); nothing more is
+    // posted on it.
     let cfg = PairConfig {
         cq_depth: 4,
         ..PairConfig::default()
@@ -222,6 +225,11 @@ fn completions_beyond_the_cq_depth_are_lost_and_counted() {
     let qp = c.qp(A);
     p.run_until(|p| p.engine(A).sq_retired(qp).unwrap() == 6, ms(100))
         .unwrap();
+    p.run_until(
+        |p| p.engine(A).query_qp(qp).unwrap().state == QpState::Err,
+        ms(100),
+    )
+    .unwrap();
     let wcs = p.poll_cq(A, c.send_cq[0]);
     assert_eq!(
         wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
@@ -229,15 +237,21 @@ fn completions_beyond_the_cq_depth_are_lost_and_counted() {
         "the oldest four kept"
     );
     assert_eq!(p.stats(A).cq_overruns, 2);
+    assert_eq!(
+        [p.engine(A).take_event(), p.engine(A).take_event()],
+        [
+            Some(AsyncEvent::CqError { cq: c.send_cq[0] }),
+            Some(AsyncEvent::QpFatal { qpn: qp })
+        ]
+    );
     assert!(
         p.bytes(&dst)[..600] == pattern(700, 7)[..600],
         "the work itself was done"
     );
-    post(&mut p, &c, A, &[write(6, &src, 600, &dst, 600, 100)]);
-    assert_eq!(
-        send_wcs(&mut p, &c, A, 1, ms(100))[0].wr_id,
-        6,
-        "the drained CQ takes completions again"
+    assert!(
+        p.post_send(A, qp, &[write(6, &src, 600, &dst, 600, 100)])
+            .is_err(),
+        "the QP is in ERR"
     );
 }
 

@@ -168,7 +168,7 @@ fn receives_posted_before_the_qp_connects_are_announced_when_it_does() {
     let mut cqs = Vec::new();
     for s in [A, B] {
         let pd = p.engine(s).alloc_pd().unwrap();
-        let cq = p.engine(s).create_cq().unwrap();
+        let cq = p.engine(s).create_cq(1024).unwrap();
         qps.push(p.create_qp(s, pd, cq, cq).unwrap());
         pds.push(pd);
         cqs.push(cq);

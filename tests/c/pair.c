@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 static const char *test_name = "test";
+/* The options of the last pair_open (pair_extra_qps makes its QPs the same way). */
+static struct pair_opts pair_options;
 
 static void watchdog(int sig)
 {
@@ -132,8 +134,8 @@ static struct ibv_qp *new_qp(struct end *e, const struct pair_opts *o)
             {
                 .max_send_wr = o->max_send_wr ? o->max_send_wr : 64,
                 .max_recv_wr = o->max_recv_wr ? o->max_recv_wr : 64,
-                .max_send_sge = 1,
-                .max_recv_sge = 1,
+                .max_send_sge = o->max_send_sge ? o->max_send_sge : 1,
+                .max_recv_sge = o->max_recv_sge && !e->srq ? o->max_recv_sge : 1,
             },
     };
     struct ibv_qp *qp = ibv_create_qp(e->pd, &init);
@@ -196,6 +198,7 @@ void pair_open(struct end *a, struct end *b, const struct pair_opts *opts)
 {
     static const struct pair_opts none;
     const struct pair_opts *o = opts ? opts : &none;
+    pair_options = *o;
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
     CHECK(list, "ibv_get_device_list: %s", strerror(errno));
@@ -218,16 +221,35 @@ void pair_open(struct end *a, struct end *b, const struct pair_opts *opts)
 
 void pair_extra_qps(struct end *a, struct end *b, struct ibv_qp **aqp, struct ibv_qp **bqp)
 {
-    static const struct pair_opts none;
     struct ibv_qp *qa = a->qp, *qb = b->qp;
-    a->qp = new_qp(a, &none);
-    b->qp = new_qp(b, &none);
+    a->qp = new_qp(a, &pair_options);
+    b->qp = new_qp(b, &pair_options);
     connect_to(a, b);
     connect_to(b, a);
     *aqp = a->qp;
     *bqp = b->qp;
     a->qp = qa;
     b->qp = qb;
+}
+
+void pair_connect(struct end *a, struct ibv_qp *qa, struct end *b, struct ibv_qp *qb)
+{
+    struct ibv_qp *sa = a->qp, *sb = b->qp;
+    a->qp = qa;
+    b->qp = qb;
+    connect_to(a, b);
+    connect_to(b, a);
+    a->qp = sa;
+    b->qp = sb;
+}
+
+void expect_errno(int rc, int want, const char *what)
+{
+    int e = errno;
+    CHECK(rc == want || (rc == -1 && e == want), "%s: returned %d, expected %d (%s)", what, rc,
+          want, strerror(want));
+    CHECK(e == want, "%s: errno %d (%s), expected %d (%s)", what, e, strerror(e), want,
+          strerror(want));
 }
 
 static void end_close(struct end *e)

@@ -36,6 +36,8 @@ struct pair_opts {
     int channel;          /* make a completion channel per side and put the CQ on it */
     uint32_t max_send_wr; /* 0: 64 */
     uint32_t max_recv_wr; /* 0: 64 */
+    uint32_t max_send_sge; /* 0: 1 */
+    uint32_t max_recv_sge; /* 0: 1 */
     uint32_t srq_wr;      /* > 0: b's QP takes receives from an SRQ of this many WRs */
 };
 
@@ -61,9 +63,17 @@ void ok(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Opens both devices and connects a QP on `a` (bluerdma0) to one on `b` (bluerdma1). */
 void pair_open(struct end *a, struct end *b, const struct pair_opts *opts);
 
-/* Another connected QP pair on the same ends (b's on b's SRQ when it has one); both QPs
- * share their end's CQ. Destroy them with ibv_destroy_qp before pair_close. */
+/* Another connected QP pair on the same ends, with the options of pair_open (b's on b's SRQ
+ * when it has one); both QPs share their end's CQ. Destroy them with ibv_destroy_qp before
+ * pair_close. */
 void pair_extra_qps(struct end *a, struct end *b, struct ibv_qp **aqp, struct ibv_qp **bqp);
+
+/* Connects QP `qa` of `a` to QP `qb` of `b` (both in RESET), as pair_open connects its. */
+void pair_connect(struct end *a, struct ibv_qp *qa, struct end *b, struct ibv_qp *qb);
+
+/* Expects a failing verb: `rc` (its return, or -1 for a NULL object) and errno must both
+ * say `want`. */
+void expect_errno(int rc, int want, const char *what);
 
 /* Destroys what pair_open made (and checks each destroy verb succeeds). */
 void pair_close(struct end *a, struct end *b);

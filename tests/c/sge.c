@@ -7,7 +7,10 @@
  * - WRITE_WITH_IMM of 2 SGEs: one receive completion, byte_len the sum, the immediate;
  * - 1500 SENDs of 3 SGEs (9 KiB each, 13 MiB through the library's 4 MiB gather ring, so it
  *   wraps and reuses buffers the card is done with) each checked at the receiver;
- * - ibv_query_qp reports max_send_sge >= 6; 7 SGEs are refused. */
+ * - ibv_query_qp reports max_send_sge >= 6; 7 SGEs are refused;
+ * - receive WRs of 3 SGEs take SENDs scattered over their pieces, byte_len the message's,
+ *   1500 of them (13 MiB through the library's 4 MiB bounce ring, so it wraps), every byte
+ *   checked and nothing written past a piece or into a piece the message did not reach. */
 #include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +39,8 @@ int main(void)
     test_start("sge");
     struct end a, b;
     struct ibv_mr *amr, *bmr;
-    struct pair_opts o = {.max_send_wr = 256, .max_recv_wr = 256};
+    struct pair_opts o = {.max_send_wr = 256, .max_recv_wr = 256, .max_send_sge = 6,
+                          .max_recv_sge = 3};
     pair_open_mrs(&a, &b, &o, BUF, &amr, &bmr);
     uint8_t *abuf = amr->addr, *bbuf = bmr->addr;
     struct ibv_wc wc;
@@ -149,6 +153,48 @@ int main(void)
         done++;
     }
     ok("%d SENDs of 3 SGEs through the gather ring, every byte checked", N);
+
+    /* Receive WRs of 3 SGEs: each message is scattered over pieces at odd places of b's
+     * buffer; a short message fills the first pieces only. */
+    enum { RPIECE = 3001, RSLOT = 3 * 4096 };
+    posted = done = 0;
+    while (done < N) {
+        while (posted < N && posted - done < WINDOW) {
+            uint8_t *slot = bbuf + (size_t)(posted % WINDOW) * RSLOT;
+            memset(slot, CANARY, RSLOT);
+            struct ibv_sge rs[3];
+            for (int k = 0; k < 3; k++)
+                rs[k] = (struct ibv_sge){(uintptr_t)(slot + 7 + k * 4096), RPIECE, bmr->lkey};
+            struct ibv_recv_wr rw = {.wr_id = 5000 + posted, .sg_list = rs, .num_sge = 3};
+            struct ibv_recv_wr *rbad = NULL;
+            check_rc(ibv_post_recv(b.qp, &rw, &rbad), "ibv_post_recv(3 SGEs)");
+            uint32_t len = posted % 3 == 2 ? RPIECE + 10 : 3 * RPIECE;
+            uint8_t *src = abuf + (size_t)(posted % WINDOW) * RSLOT;
+            pattern_fill(src, len, 2000 + posted);
+            post_send_wr(&a, IBV_WR_SEND, 5000 + posted, src, len, amr, 0, 0, 0,
+                         IBV_SEND_SIGNALED);
+            posted++;
+        }
+        uint32_t len = done % 3 == 2 ? RPIECE + 10 : 3 * RPIECE;
+        expect_wc(&a, &wc, 5000 + done, IBV_WC_SEND, "SEND into 3 SGEs");
+        expect_wc(&b, &wc, 5000 + done, IBV_WC_RECV, "SEND into 3 SGEs");
+        CHECK(wc.byte_len == len, "SEND #%u into 3 SGEs: byte_len %u, expected %u", done,
+              wc.byte_len, len);
+        uint8_t *slot = bbuf + (size_t)(done % WINDOW) * RSLOT;
+        uint8_t expect[3 * RPIECE];
+        pattern_fill(expect, len, 2000 + done);
+        for (int k = 0; k < 3; k++) {
+            uint32_t off = k * RPIECE, n = len > off ? len - off : 0;
+            n = n > RPIECE ? RPIECE : n;
+            char what[64];
+            snprintf(what, sizeof what, "SEND #%u piece %d", done, k);
+            CHECK(hexdiff(expect + off, slot + 7 + k * 4096, n, what) == 0, "%s differs", what);
+            CHECK(fill_check(slot + 7 + k * 4096 + n, RPIECE - n + 1, CANARY, what) == 0,
+                  "%s: written past the message", what);
+        }
+        done++;
+    }
+    ok("%d SENDs into receive WRs of 3 SGEs through the bounce ring, every byte checked", N);
 
     pair_finish(&a, &b, amr, bmr);
     printf("PASS sge\n");

@@ -1,11 +1,11 @@
 /* Unreliable Datagram QPs between bluerdma0 and bluerdma1: address handles from each
- * other's GID; datagrams of 0, 1, 1000 bytes and the UD maximum both ways, with and without
- * immediate data, gathered from two SGEs and scattered into two (the GRH area, then the
- * payload); the GRH area holds the IPv4 header (saddr in bytes 32..35, daddr in 36..39);
- * src_qp, qp_num, wc_flags and sl (2: IPv4) are checked. A datagram with the wrong Q_Key,
- * one that finds no receive buffer and an oversized send are refused or dropped without a
- * hang; a reply through ibv_create_ah_from_wc reaches the sender. UD completions share the
- * CQ of the ends' connected RC QPs. */
+ * other's GID; datagrams of 0 bytes up to the port MTU (4096, in up to three frames) both
+ * ways, with and without immediate data, gathered from two SGEs and scattered into two (the
+ * GRH area, then the payload); the GRH area holds the IPv4 header (saddr in bytes
+ * 32..35, daddr in 36..39); src_qp, qp_num, wc_flags and sl (2: IPv4) are checked. A
+ * datagram with the wrong Q_Key, one that finds no receive buffer and an oversized send are
+ * refused or dropped without a hang; a reply through ibv_create_ah_from_wc reaches the
+ * sender. UD completions share the CQ of the ends' connected RC QPs. */
 #define _GNU_SOURCE
 #include "pair.h"
 
@@ -18,8 +18,9 @@
 #include <time.h>
 
 #define QKEY 0x11111111u
-/* The largest UD payload: a 2048-byte simple-NIC slot minus the frame's headers. */
-#define UD_MAX 1978u
+/* The largest UD payload: the port's MTU (datagrams over 1978 bytes, what fits one
+ * 2048-byte simple-NIC slot, travel in several frames). */
+#define UD_MAX 4096u
 #define GRH 40u
 /* Receive area: the GRH SGE, then the payload SGE. */
 #define RECV_AT 8192u
@@ -117,7 +118,7 @@ static void ud_recv(struct ud *d, uint64_t wr_id)
     memset(d->buf + RECV_AT, 0xEE, BUF_LEN - RECV_AT);
     struct ibv_sge sge[2] = {
         {.addr = (uintptr_t)d->buf + RECV_AT, .length = GRH, .lkey = d->mr->lkey},
-        {.addr = (uintptr_t)d->buf + RECV_AT + 64, .length = 2048, .lkey = d->mr->lkey},
+        {.addr = (uintptr_t)d->buf + RECV_AT + 64, .length = UD_MAX, .lkey = d->mr->lkey},
     };
     struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = sge, .num_sge = 2};
     struct ibv_recv_wr *bad = NULL;
@@ -214,14 +215,15 @@ int main(void)
           "ibv_create_ah without a GRH did not fail with EINVAL");
     ok("UD QPs %#x and %#x in RTS, address handles made", ua.qp->qp_num, ub.qp->qp_num);
 
-    static const uint32_t sizes[] = {0, 1, 1000, UD_MAX};
+    static const uint32_t sizes[] = {0, 1, 1000, 1978, 1979, 2048, 3957, 3958, UD_MAX};
     uint32_t seed = 1;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         for (int imm = 0; imm <= 1; imm++) {
             datagram(&ua, &ub, sizes[i], imm, seed++);
             datagram(&ub, &ua, sizes[i], imm, seed++);
         }
-    ok("datagrams of 0, 1, 1000 and %u bytes both ways, with and without immediate", UD_MAX);
+    ok("datagrams of 0 to %u bytes (one, two and three frames) both ways, with and without "
+       "immediate", UD_MAX);
 
     int rc = ud_send(&ua, &ub, ua.ah, UD_MAX + 1, 0, QKEY, 90, 0x390);
     CHECK(rc == EINVAL, "a %u-byte UD send returned %d, expected EINVAL", UD_MAX + 1, rc);

@@ -16,7 +16,7 @@ use bluerdma_core::desc::send::SendRequest;
 use bluerdma_core::desc::simple_nic::{SimpleNicRx, SimpleNicTx};
 use bluerdma_core::desc::RawDesc;
 use bluerdma_core::oob::{Hello, OobDecoder, Record};
-use bluerdma_core::wire::ud::DEFAULT_PKEY;
+use bluerdma_core::wire::ud::{UdPart, DEFAULT_PKEY};
 use bluerdma_core::wire::{Deth, MacAddr, ReceivedAck, RocePacket, UdFrame};
 use bluerdma_linux::devices::DeviceList;
 use bluerdma_sim::link::datagram::{DatagramBuilder, DatagramFrames};
@@ -128,6 +128,7 @@ fn ud_frame(imm: Option<u32>) -> Vec<u8> {
             src_qpn: 0x0123AB,
         },
         imm,
+        part: UdPart::Only,
     };
     let payload = [0xD0, 0xD1, 0xD2, 0xD3, 0xD4, 0xD5];
     let mut out = vec![0u8; ud.frame_len(payload.len())];

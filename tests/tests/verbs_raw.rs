@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bluerdma_core::engine::VerbsError;
-use bluerdma_core::wire::ud::{Deth, UdFrame, DEFAULT_PKEY, UD_MAX_FRAME, UD_MAX_PAYLOAD};
+use bluerdma_core::wire::ud::{Deth, UdFrame, UdPart, DEFAULT_PKEY, UD_MAX_FRAME, UD_MAX_PAYLOAD};
 use bluerdma_core::wire::MacAddr;
 use bluerdma_linux::Context;
 use bluerdma_tests::{two_devices, IP0, IP1};
@@ -31,6 +31,7 @@ fn frame(seed: u8, len: usize) -> Vec<u8> {
             src_qpn: 0x80_0002,
         },
         imm: None,
+        part: UdPart::Only,
     };
     let mut out = vec![0u8; f.frame_len(len)];
     let h = f.header_len();

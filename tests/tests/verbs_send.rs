@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
-use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WC_WITH_IMM};
+use bluerdma_core::engine::{QpCaps, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WC_WITH_IMM};
 use bluerdma_core::qp::QpState;
 use bluerdma_linux::oob_hub::OobHub;
 use bluerdma_linux::{Context, Cq, DeviceSpec, Mr, Pd, Qp};
@@ -45,8 +45,14 @@ fn devices() -> (Context, Context, OobHub) {
 fn sides(a: &Context, b: &Context) -> (Side, Side) {
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
-    let qa = pa.create_qp(&ca, &ca).unwrap();
-    let qb = pb.create_qp(&cb, &cb).unwrap();
+    // ibv_rc_pingpong's 500 receive WRs fit.
+    let caps = QpCaps {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        ..QpCaps::default()
+    };
+    let qa = pa.create_qp_with(&ca, &ca, caps).unwrap();
+    let qb = pb.create_qp_with(&cb, &cb, caps).unwrap();
     (
         Side {
             pd: pa,
@@ -279,33 +285,38 @@ fn a_lost_peer_flushes_the_qps_that_depend_on_it() {
 }
 
 #[test]
-fn a_lost_peer_leaves_qps_without_waiting_sends_running_and_fails_the_next_send() {
+fn a_lost_peer_fails_a_passive_receiver_and_the_next_send() {
     let (a, b, oob) = devices();
     let (sa, sb) = sides(&a, &b);
     connect(&sa, &sb, 7);
     let src = sa.pd.alloc_mr(4096, ALL).unwrap();
     let dst = sb.pd.alloc_mr(4096, ALL).unwrap();
-    // B's receive WR is posted and announced; nothing of A waits on the channel when it
-    // breaks (a peer process that finished and closed its device).
+    // B's receive WR is posted and announced; B only waits (ib_send_bw's server). Then the
+    // channel breaks both ways: the peers are gone for each other.
     recv(&sb.qp, 1, &dst, 0, 100);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while a.stats().recvs_received < 1 && std::time::Instant::now() < deadline {
+        a.poll();
+    }
     oob.disconnect(IP1, IP0);
     oob.disconnect(IP0, IP1);
-    // The QPs stay usable: the SEND takes the receive WR announced before the loss.
-    send(&sa.qp, 2, SendOp::Send, &src, 0, 64).unwrap();
-    let w = sa.cq.wait(1, Duration::from_secs(5)).unwrap();
-    assert_eq!((w[0].wr_id, w[0].status), (2, WcStatus::Success));
+    // The passive receiver learns it: its receive WR is flushed, its QP is in ERR.
     let r = sb.cq.wait(1, Duration::from_secs(5)).unwrap();
-    assert_eq!(
-        (r[0].wr_id, r[0].status, r[0].byte_len),
-        (1, WcStatus::Success, 64)
-    );
-    assert_eq!(sb.qp.query().unwrap().state, QpState::Rts, "B keeps its QP");
-    // A second SEND can never find a receive WR: it fails at once instead of waiting
-    // under the RNR rules (rnr_retry 7 would wait forever).
+    assert_eq!((r[0].wr_id, r[0].status), (1, WcStatus::WrFlushErr));
+    assert_eq!(sb.qp.query().unwrap().state, QpState::Err);
+    // A had nothing waiting: its QP runs on, but a SEND can never find a receive WR (the
+    // one B announced went with B): it fails at once instead of waiting under the RNR
+    // rules (rnr_retry 7 would wait forever).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while a.stats().peers_lost < 1 && std::time::Instant::now() < deadline {
+        a.poll();
+    }
+    assert_eq!(sa.qp.query().unwrap().state, QpState::Rts, "A keeps its QP");
     send(&sa.qp, 3, SendOp::Send, &src, 0, 64).unwrap();
     let w = sa.cq.wait(1, Duration::from_secs(5)).unwrap();
     assert_eq!((w[0].wr_id, w[0].status), (3, WcStatus::WrFlushErr));
     assert_eq!(sa.qp.query().unwrap().state, QpState::Err);
+    assert_eq!((a.stats().peers_lost, b.stats().peers_lost), (1, 1));
     drop((sb, b));
 }
 

@@ -4,7 +4,8 @@
 //! 1. Builds the stand-in in release and copies it to `target/ibverbs/libibverbs.so.1`.
 //! 2. Installs `ibverbs-utils` and `perftest` with apt-get if `ibv_devinfo` or `ib_write_bw`
 //!    is missing.
-//! 3. Runs `ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong` (polling and `-e`), `ib_write_bw`,
+//! 3. Runs `ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong` (polling and `-e`),
+//!    `ibv_srq_pingpong -q 64`, `ibv_ud_pingpong -s 2048`, `ib_write_bw` (and `-t 4096`),
 //!    `ib_read_bw`, `ib_send_bw` and `ib_write_lat` with `LD_LIBRARY_PATH` pointing there;
 //!    every pair is a server on the first device and a client on the second, with its own
 //!    TCP exchange port, and the client starts once the server listens on it. Each command
@@ -649,30 +650,41 @@ struct Pair {
 
 fn pairs(opts: &Opts) -> Vec<Pair> {
     let (n, pp) = opts.iters();
-    let pingpong = |tag: &'static str| {
+    // The tag's words are flags of the tool, after the common ones.
+    let pingpong = |tool: &'static str, tag: &'static str| {
         let mut args = vec!["-g".into(), "0".into(), "-n".into(), pp.to_string()];
-        args.extend((!tag.is_empty()).then(|| tag.to_string()));
+        args.extend(tag.split_whitespace().map(String::from));
         Pair {
-            tool: "ibv_rc_pingpong",
+            tool,
             tag,
             args,
             check: Check::Pingpong,
         }
     };
-    let perf = |tool: &'static str, size: usize, check: Check| Pair {
-        tool,
-        tag: "",
-        args: vec!["-s".into(), size.to_string(), "-n".into(), n.to_string()],
-        check,
+    let perf = |tool: &'static str, tag: &'static str, size: usize, check: Check| {
+        let mut args = vec!["-s".into(), size.to_string(), "-n".into(), n.to_string()];
+        args.extend(tag.split_whitespace().map(String::from));
+        Pair {
+            tool,
+            tag,
+            args,
+            check,
+        }
     };
     let bw = opts.bw_size();
     vec![
-        pingpong(""),
-        pingpong("-e"),
-        perf("ib_write_bw", bw, Check::Bw),
-        perf("ib_read_bw", bw, Check::Bw),
-        perf("ib_send_bw", bw, Check::Bw),
-        perf("ib_write_lat", LAT_SIZE, Check::Lat),
+        pingpong("ibv_rc_pingpong", ""),
+        pingpong("ibv_rc_pingpong", "-e"),
+        // 64 QPs on one shared receive queue of 500 WRs (issue J1: it deadlocked).
+        pingpong("ibv_srq_pingpong", "-q 64"),
+        // Datagrams over one simple-NIC frame (issue J1: UD stopped at 1978 bytes).
+        pingpong("ibv_ud_pingpong", "-s 2048"),
+        perf("ib_write_bw", "", bw, Check::Bw),
+        // A send queue 4096 deep (issue J1: queues stopped at 512).
+        perf("ib_write_bw", "-t 4096", bw, Check::Bw),
+        perf("ib_read_bw", "", bw, Check::Bw),
+        perf("ib_send_bw", "", bw, Check::Bw),
+        perf("ib_write_lat", "", LAT_SIZE, Check::Lat),
     ]
 }
 

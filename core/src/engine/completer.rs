@@ -6,7 +6,6 @@ use crate::qp::QpState;
 use crate::time::Instant;
 use crate::transport::{card_bitmap_base, Chunk, PacketFragmenter, Psn, PsnRange};
 
-use super::cq::push_cqe;
 use super::qp::QpIndex;
 use super::requester::{Batch, Path};
 use super::storage::Timer;
@@ -144,16 +143,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// itself (a READ response). `None` if the queue is empty.
     pub(crate) fn retire_head(&mut self, i: QpIndex, status: WcStatus) -> Option<Wqe> {
         let w = self.sq(i).pop()?;
-        let (qpn, cq) = {
+        let (qpn, cq) = (self.qp(i).attrs.qpn, self.qp(i).attrs.send_cq);
+        let wc = w.completion(status, qpn);
+        if !w.is_internal() {
             let q = self.qp(i);
-            if !w.is_internal() {
-                q.req.note_retired();
+            q.req.note_retired();
+            let slots = q.req.sq.retired(wc.is_some());
+            if let Some(mut wc) = wc {
+                wc.sq_slots = slots;
+                self.complete(cq, wc);
             }
-            (q.attrs.qpn, q.attrs.send_cq)
-        };
-        if let Some(wc) = w.completion(status, qpn) {
-            let depth = self.storage.cq_depth();
-            push_cqe(&mut self.storage.slices(), depth, &mut self.stats, cq, wc);
         }
         Some(w)
     }
@@ -240,6 +239,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.timers(i).set(Timer::Retransmit, None);
         self.retire_head(i, status);
         self.enter_error(i);
+    }
+
+    /// QP `i` goes to ERR on its own (its CQ overran, its peer is gone): its work is
+    /// flushed and QP_FATAL raised.
+    pub(crate) fn fatal(&mut self, i: QpIndex) {
+        self.enter_error(i);
+        let qpn = self.qp(i).attrs.qpn;
+        self.events
+            .raise(super::events::AsyncEvent::QpFatal { qpn });
     }
 
     /// Completes every outstanding WQE and receive WR of QP `i` with WR_FLUSH_ERR.

@@ -67,7 +67,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let a = q.attrs;
             writeln!(
                 out,
-                "  qp {:#08x} {} -> {:#08x}@{} pmtu {} | sq: next psn {:#08x} acked {:#08x} wqes {} sent {} timer {} us retries {}/{} | rq: base {:#08x} acked {:#08x} msgs {} recvs {}",
+                "  qp {:#08x} {} -> {:#08x}@{} pmtu {} | sq: next psn {:#08x} acked {:#08x} wqes {} sent {} timer {} us retries {}/{} | rq: base {:#08x} acked {:#08x} msgs {} recvs {} peer's {}",
                 a.qpn.get(),
                 a.state,
                 a.dest_qpn.get(),
@@ -84,6 +84,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 q.resp.acked().get(),
                 q.resp.queued(),
                 q.rq.posted(),
+                q.rq.lists.remote_len(),
             )?;
         }
         let s = self.storage.slices();

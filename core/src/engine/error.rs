@@ -86,7 +86,7 @@ impl fmt::Display for VerbsError {
                 write!(f, "{op} is not allowed in QP state {state}")
             }
             VerbsError::Transition(e) => write!(f, "{e}"),
-            VerbsError::Attribute(e) => write!(f, "{e:?}"),
+            VerbsError::Attribute(e) => write!(f, "{e}"),
             VerbsError::LocalProtection { lkey } => {
                 write!(
                     f,
@@ -94,7 +94,7 @@ impl fmt::Display for VerbsError {
                 )
             }
             VerbsError::SendQueueFull => f.write_str("send queue full"),
-            VerbsError::Fragment(e) => write!(f, "{e:?}"),
+            VerbsError::Fragment(e) => write!(f, "{e}"),
             VerbsError::CommandTimeout { op } => write!(f, "the card did not answer {op}"),
             VerbsError::CommandFailed { op } => write!(f, "the card failed {op}"),
             VerbsError::Descriptor(e) => write!(f, "{e}"),
@@ -131,5 +131,23 @@ impl From<QpAttrError> for VerbsError {
 impl From<FragmentError> for VerbsError {
     fn from(e: FragmentError) -> Self {
         VerbsError::Fragment(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qp::Gid;
+    use std::string::ToString;
+
+    #[test]
+    fn errors_read_as_sentences_not_debug_dumps() {
+        let e = VerbsError::Attribute(QpAttrError::GidNotIpv4Mapped(Gid([0; 16])));
+        assert_eq!(
+            e.to_string(),
+            "destination GID 0:0:0:0:0:0:0:0 is not IPv4-mapped (::ffff:a.b.c.d)"
+        );
+        let f = VerbsError::Fragment(FragmentError::TooManyPackets { packets: 1 << 23 });
+        assert!(!f.to_string().contains("TooManyPackets"), "{f}");
     }
 }

@@ -12,7 +12,9 @@
 //!
 //! - `config`: [`DeviceConfig`], [`EngineStats`], fixed sizes, the DMA buffers `open` takes
 //! - `storage`: [`Storage`] and the views that own index arithmetic (send queue, CQ ring,
-//!   timer table)
+//!   timer table); `ranges`: each QP's and CQ's range of the shared tables; `recv_pool`:
+//!   the shared table of receive WRs
+//! - `events`: asynchronous events (a CQ overrun, a QP that failed on its own)
 //! - `command`: the command queue (submit, complete on poll, blocking helper)
 //! - `pd`, `mr`, `cq`, `qp`: the objects (MR registration is a job the command queue
 //!   completes)
@@ -31,11 +33,14 @@ mod config;
 mod cq;
 mod dump;
 mod error;
+mod events;
 mod mr;
 mod pd;
 mod qp;
+mod ranges;
 mod raw;
 mod recv;
+mod recv_pool;
 mod report;
 mod requester;
 mod responder;
@@ -55,18 +60,22 @@ pub use config::{
 };
 pub use cq::CqSlot;
 pub use error::VerbsError;
+pub use events::AsyncEvent;
 pub use mr::{MrSlot, PendingMr};
-pub use qp::{QpAttrs, QpHandle, QpSlot};
-pub use recv::RECV_QUEUE;
+pub use qp::{QpAttrs, QpCaps, QpHandle, QpSlot, READ_RESPONSE_ROOM};
+pub use recv_pool::RecvEntry;
 pub use responder::{FIRSTS_TRACKED, LOST_TRACKED, MSG_QUEUE, RX_WORDS};
 pub use storage::{EarlyRecv, QpTimers, Slices, Storage};
 pub use wqe::{Wqe, WqeState};
 pub use wr::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM};
 
 use config::{OPEN_BUFFERS as BUFFERS, PGT_STAGING_SLOTS, RAW_SLOTS};
+use events::Events;
 use mr::{MrJob, PgtAllocator, MR_JOBS};
 use pd::PdTable;
+use ranges::Carver;
 use raw::TxSlots;
+use recv_pool::RecvPool;
 use storage::Timer;
 
 /// The device.
@@ -95,6 +104,14 @@ pub struct Device<P: Platform, S: Storage> {
     keep_raw_frames: bool,
     key_seq: u32,
     pgt: PgtAllocator,
+    /// Which parts of the WQE and completion tables the QPs' send queues and the CQs hold.
+    wqe_ranges: Carver,
+    cqe_ranges: Carver,
+    /// The free entries of the receive WR table.
+    recv_pool: RecvPool,
+    events: Events,
+    /// A CQ overran and its QPs still have to go to ERR.
+    cq_errors_pending: bool,
     pds: PdTable,
     mr_jobs: [Option<MrJob>; MR_JOBS],
     stats: EngineStats,
@@ -155,12 +172,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
         cfg: DeviceConfig,
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<Self, VerbsError> {
-        let (sq, cqd) = (storage.sq_depth(), storage.cq_depth());
-        if !storage.slices().consistent(sq, cqd) {
-            return Err(VerbsError::InvalidArgument {
-                what: "storage: wqes must hold sq_depth per QP, cqes cq_depth per CQ, timers one per QP",
-            });
-        }
+        let (wqes, cqes, recvs) = {
+            let s = storage.slices();
+            if !s.consistent() {
+                return Err(VerbsError::InvalidArgument {
+                    what: "storage: every table needs entries, and the timers one per QP",
+                });
+            }
+            (s.wqes.len(), s.cqes.len(), s.recvs.len())
+        };
         let [cmd, resp, send, meta, sn_tx, sn_rx, rx_buf, staging, acks, raws] = alloc_all(&dma)?;
         let cmd = ProducerRing::new(ring_memory(&dma, cmd)?, ring_regs(RingId::CmdRequest)?);
         let resp = ConsumerRing::new(ring_memory(&dma, resp)?, ring_regs(RingId::CmdResponse)?);
@@ -195,7 +215,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
             sn_tx_seq: 0,
             keep_raw_frames: false,
             key_seq: 0x5A,
-            pgt: PgtAllocator::default(),
+            pgt: PgtAllocator::new(crate::keys::PGT_LEN),
+            wqe_ranges: Carver::new(wqes),
+            cqe_ranges: Carver::new(cqes),
+            recv_pool: RecvPool::new(recvs),
+            events: Events::default(),
+            cq_errors_pending: false,
             pds: PdTable::default(),
             mr_jobs: [None; MR_JOBS],
             stats: EngineStats::default(),
@@ -268,6 +293,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         work |= self.poll_raw_rx();
         work |= self.poll_oob(now);
         work |= self.deliver_and_ack(now);
+        work |= self.handle_cq_errors();
         for i in self.qp_indices() {
             if !self.qp(i).in_use() {
                 continue;

@@ -84,65 +84,7 @@ impl MrSlot {
 }
 
 /// Which page-table entries are taken (first fit over a bitmap).
-pub(crate) struct PgtAllocator {
-    used: [u64; (PGT_LEN / 64) as usize],
-}
-
-impl Default for PgtAllocator {
-    #[inline]
-    fn default() -> Self {
-        PgtAllocator {
-            used: [0; (PGT_LEN / 64) as usize],
-        }
-    }
-}
-
-impl PgtAllocator {
-    #[inline]
-    fn is_used(&self, i: u32) -> bool {
-        self.used[(i / 64) as usize] & (1 << (i % 64)) != 0
-    }
-
-    /// Takes the first run of `pages` free entries.
-    #[inline]
-    pub(crate) fn alloc(&mut self, pages: u32) -> Option<u32> {
-        if pages == 0 {
-            return None;
-        }
-        let mut run = 0u32;
-        for i in 0..PGT_LEN {
-            if self.is_used(i) {
-                run = 0;
-                continue;
-            }
-            run += 1;
-            if run == pages {
-                let start = i + 1 - pages;
-                self.mark(start, pages, true);
-                return Some(start);
-            }
-        }
-        None
-    }
-
-    /// Frees `pages` entries from `start`.
-    #[inline]
-    pub(crate) fn free(&mut self, start: u32, pages: u32) {
-        self.mark(start, pages, false);
-    }
-
-    #[inline]
-    fn mark(&mut self, start: u32, pages: u32, used: bool) {
-        for i in start..start.saturating_add(pages).min(PGT_LEN) {
-            let (w, b) = ((i / 64) as usize, i % 64);
-            if used {
-                self.used[w] |= 1 << b;
-            } else {
-                self.used[w] &= !(1 << b);
-            }
-        }
-    }
-}
+pub(crate) type PgtAllocator = super::ranges::RunMap<{ (PGT_LEN / 64) as usize }>;
 
 /// A registration in progress, to ask about with [`Device::reg_mr_poll`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,6 +148,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 what: "MR range wraps the address space",
             });
         }
+        let remote_writes = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if access.intersects(remote_writes) && !access.contains(AccessFlags::LOCAL_WRITE) {
+            // ibv_reg_mr(3): a remote peer may not write what the local side may not.
+            return Err(VerbsError::InvalidArgument {
+                what: "MR access REMOTE_WRITE or REMOTE_ATOMIC needs LOCAL_WRITE",
+            });
+        }
         let job = self
             .mr_jobs
             .iter()
@@ -224,7 +173,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             .pgt
             .alloc(pages)
             .ok_or(VerbsError::OutOfResources { what: "page table" })?;
-        if let Err(e) = self.mem.pin(va, len as usize) {
+        let writes = access.intersects(AccessFlags::LOCAL_WRITE | remote_writes);
+        if let Err(e) = self.mem.pin(va, len as usize, writes) {
             self.pgt.free(pgt_offset, pages);
             return Err(e.into());
         }
@@ -505,7 +455,7 @@ mod tests {
 
     #[test]
     fn the_page_table_is_allocated_first_fit_and_reused() {
-        let mut p = PgtAllocator::default();
+        let mut p = PgtAllocator::new(PGT_LEN);
         assert_eq!(p.alloc(0), None);
         assert_eq!(p.alloc(10), Some(0));
         assert_eq!(p.alloc(5), Some(10));

@@ -19,8 +19,35 @@ use super::error::VerbsError;
 use super::recv::RecvQueue;
 use super::requester::Requester;
 use super::responder::Responder;
-use super::storage::{QpTimers, SendQueue};
+use super::storage::{QpTimers, SendQueue, SqCounters};
 use super::{Device, Platform, Storage};
+
+/// READ responses a QP's send queue has room for by default, beyond its `max_send_wr`:
+/// the READs its peer may have in flight (`max_dest_rd_atomic`, which the stand-in
+/// reports as 16).
+pub const READ_RESPONSE_ROOM: u32 = 16;
+
+/// The queue sizes of a new QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send requests the QP holds at once (`max_send_wr`).
+    pub max_send_wr: u32,
+    /// Receive WRs the QP holds at once (`max_recv_wr`).
+    pub max_recv_wr: u32,
+    /// READ responses its send queue has room for beyond `max_send_wr` (a READ request
+    /// that finds no room is refused and resent by the peer).
+    pub read_responses: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            read_responses: READ_RESPONSE_ROOM,
+        }
+    }
+}
 
 /// A QP's handle: its QPN.
 pub type QpHandle = Qpn;
@@ -81,6 +108,8 @@ pub struct QpAttrs {
     pub sq_psn: Psn,
     /// The next PSN this QP expects (in a query: now; as stored: the `rq_psn` last set).
     pub rq_psn: Psn,
+    /// Its queue sizes (what create_qp was asked for).
+    pub caps: QpCaps,
 }
 
 impl Default for QpAttrs {
@@ -107,6 +136,11 @@ impl Default for QpAttrs {
             min_rnr_timer: 0,
             sq_psn: Psn::from_raw(0),
             rq_psn: Psn::from_raw(0),
+            caps: QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                read_responses: 0,
+            },
         }
     }
 }
@@ -155,21 +189,27 @@ pub struct QpSlot {
 }
 
 impl QpSlot {
+    /// A QP in RESET whose send queue is `sq` (empty) and which may post `caps.max_recv_wr`
+    /// receive WRs.
     #[inline]
-    fn fresh(qpn: Qpn, qp_type: QpType, pd: u32, send_cq: u32, recv_cq: u32) -> Self {
-        QpSlot {
+    fn fresh(a: &QpAttrs, sq: SqCounters) -> Self {
+        let mut q = QpSlot {
             in_use: true,
             attrs: QpAttrs {
-                qpn,
-                qp_type,
-                pd,
-                send_cq,
-                recv_cq,
+                qpn: a.qpn,
+                qp_type: a.qp_type,
+                pd: a.pd,
+                send_cq: a.send_cq,
+                recv_cq: a.recv_cq,
+                caps: a.caps,
                 ..QpAttrs::default()
             },
-            resp: Responder::new(qpn),
+            resp: Responder::new(a.qpn),
+            rq: RecvQueue::new(a.caps.max_recv_wr),
             ..QpSlot::default()
-        }
+        };
+        q.req.sq = sq;
+        q
     }
 
     /// Whether the slot holds a QP.
@@ -190,13 +230,15 @@ impl QpSlot {
 }
 
 impl<P: Platform, S: Storage> Device<P, S> {
-    /// Creates an RC QP in RESET on `pd` with the given CQs; tells the card (ManageQp).
+    /// Creates an RC QP in RESET on `pd` with the given CQs and queue sizes; tells the card
+    /// (ManageQp).
     pub fn create_qp(
         &mut self,
         pd: u32,
         send_cq: u32,
         recv_cq: u32,
         qp_type: QpType,
+        caps: QpCaps,
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<QpHandle, VerbsError> {
         self.check_pd(pd)?;
@@ -226,15 +268,51 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let qpn = Qpn::new(slot as u32 + 1, key).ok_or(VerbsError::OutOfResources {
             what: "queue pairs",
         })?;
+        let ring_len = caps.max_send_wr.checked_add(caps.read_responses).ok_or(
+            VerbsError::InvalidArgument {
+                what: "max_send_wr too large",
+            },
+        )?;
+        let ring = self
+            .wqe_ranges
+            .alloc(ring_len)
+            .ok_or(VerbsError::OutOfResources {
+                what: "send queue table (max_send_wr larger than its free part)",
+            })?;
+        if !self.recv_pool.reserve(caps.max_recv_wr) {
+            self.wqe_ranges.free(ring);
+            return Err(VerbsError::OutOfResources {
+                what: "receive WR table (max_recv_wr larger than its free part)",
+            });
+        }
         let i = QpIndex::from_slot(slot);
+        let attrs = QpAttrs {
+            qpn,
+            qp_type,
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            ..QpAttrs::default()
+        };
         self.qp_high = self.qp_high.max(slot + 1);
-        *self.qp(i) = QpSlot::fresh(qpn, qp_type, pd, send_cq, recv_cq);
+        *self.qp(i) = QpSlot::fresh(&attrs, SqCounters::new(caps.max_send_wr, ring));
         *self.timers(i) = QpTimers::default();
         if let Err(e) = self.manage_qp(i, true, clock) {
-            *self.qp(i) = QpSlot::default();
+            self.free_qp(i);
             return Err(e);
         }
         Ok(qpn)
+    }
+
+    /// Gives back QP slot `i`'s send queue range and receive WRs, and empties the slot.
+    fn free_qp(&mut self, i: QpIndex) {
+        let (ring, cap) = (self.qp(i).req.sq.ring(), self.qp(i).rq.lists.cap());
+        self.clear_recvs(i);
+        self.wqe_ranges.free(ring);
+        self.recv_pool.unreserve(cap);
+        *self.qp(i) = QpSlot::default();
+        *self.timers(i) = QpTimers::default();
     }
 
     /// The slot of the QP `qpn` (a stale or foreign QPN is refused).
@@ -263,9 +341,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The send queue of QP slot `i`.
     pub(crate) fn sq(&mut self, i: QpIndex) -> SendQueue<'_> {
-        let depth = self.storage.sq_depth();
         let s = self.storage.slices();
-        SendQueue::new(&mut s.qps[i.slot()].req.sq, s.wqes, i, depth)
+        SendQueue::new(&mut s.qps[i.slot()].req.sq, s.wqes)
     }
 
     /// Every QP slot index that may be in use (the slots below the highest ever used).
@@ -402,7 +479,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if next == QpState::Reset && state != QpState::Reset {
             self.forget_card_update(i);
             let a = self.qp(i).attrs;
-            *self.qp(i) = QpSlot::fresh(a.qpn, a.qp_type, a.pd, a.send_cq, a.recv_cq);
+            let sq = self.qp(i).req.sq;
+            self.clear_recvs(i);
+            *self.qp(i) = QpSlot::fresh(&a, SqCounters::new(sq.cap(), sq.ring()));
             *self.timers(i) = QpTimers::default();
             self.manage_qp(i, true, clock)?;
         }
@@ -443,8 +522,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.manage_qp(i, false, clock)?;
         self.qp(i).attrs.state = QpState::Err;
         self.flush_qp(i);
-        *self.qp(i) = QpSlot::default();
-        *self.timers(i) = QpTimers::default();
+        self.free_qp(i);
         Ok(())
     }
 }

@@ -11,26 +11,21 @@ use crate::platform::{OobEvent, OobTransport};
 use crate::qp::QpState;
 use crate::time::Instant;
 
-use super::cq::push_cqe;
 use super::error::VerbsError;
 use super::qp::{QpHandle, QpIndex};
+use super::recv_pool::RecvLists;
 use super::storage::{EarlyRecv, Timer};
 use super::wqe::WqeState;
 use super::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use super::{Device, Platform, Storage};
 
-/// Receive WRs per QP (posted locally, and announced by the peer): perftest posts up to 512.
-pub const RECV_QUEUE: usize = 512;
-
-/// A QP's receive WRs: its own (in the order announced) and the peer's.
+/// A QP's receive side: its receive WRs and the peer's (in the shared table), and the RNR
+/// state.
 #[derive(Clone, Debug)]
 pub(crate) struct RecvQueue {
-    /// Posted receive WRs, in the order they were announced to the peer.
-    recvs: heapless::Deque<RecvWr, RECV_QUEUE>,
-    /// How many of the newest `recvs` are not announced yet (posted before RTR).
-    to_announce: u32,
-    /// Receive WRs the peer announced, not yet used by a SEND.
-    remote: heapless::Deque<OobRecvWr, RECV_QUEUE>,
+    /// Posted receive WRs (in the order they are announced to the peer) and the peer's
+    /// announced ones.
+    pub(super) lists: RecvLists,
     /// The out-of-band connection to the peer broke after this QP connected: a SEND that
     /// finds no announced receive WR fails instead of waiting (nothing can announce one).
     oob_lost: bool,
@@ -41,34 +36,29 @@ pub(crate) struct RecvQueue {
 impl Default for RecvQueue {
     #[inline]
     fn default() -> Self {
-        RecvQueue {
-            recvs: heapless::Deque::new(),
-            to_announce: 0,
-            remote: heapless::Deque::new(),
-            oob_lost: false,
-            rnr_left: 7,
-        }
+        RecvQueue::new(0)
     }
 }
 
 impl RecvQueue {
+    /// An empty receive side that may hold `cap` posted receive WRs.
+    pub(crate) fn new(cap: u32) -> Self {
+        RecvQueue {
+            lists: RecvLists::with_cap(cap),
+            oob_lost: false,
+            rnr_left: 7,
+        }
+    }
+
     /// `rnr_retry` was set.
     #[inline]
     pub(crate) fn reset_rnr(&mut self, n: u8) {
         self.rnr_left = n;
     }
 
-    /// The peer's next announced receive WR.
-    #[inline]
-    pub(crate) fn next_remote(&self) -> Option<OobRecvWr> {
-        self.remote.front().copied()
-    }
-
     /// A SEND used the peer's next receive WR: the RNR retries refill.
-    #[inline]
-    pub(crate) fn take_remote(&mut self, rnr_retry: u8) -> Option<OobRecvWr> {
+    pub(crate) fn refill_rnr(&mut self, rnr_retry: u8) {
         self.rnr_left = rnr_retry;
-        self.remote.pop_front()
     }
 
     /// The peer can no longer announce receive WRs.
@@ -77,34 +67,22 @@ impl RecvQueue {
         self.oob_lost
     }
 
-    /// The oldest posted receive WR, to complete.
-    #[inline]
-    pub(crate) fn pop(&mut self) -> Option<RecvWr> {
-        self.recvs.pop_front()
-    }
-
-    /// The oldest posted receive WR's id.
-    #[inline]
-    pub(crate) fn oldest(&self) -> Option<u64> {
-        self.recvs.front().map(|r| r.wr_id)
-    }
-
     /// Receive WRs posted (for dumps).
     #[inline]
     pub(crate) fn posted(&self) -> usize {
-        self.recvs.len()
+        self.lists.posted() as usize
     }
 
     /// Receive WRs wait to be announced.
     #[inline]
     pub(crate) fn has_unannounced(&self) -> bool {
-        self.to_announce > 0
+        self.lists.has_unannounced()
     }
 
     /// Nothing is left to announce (the QP was flushed).
     #[inline]
     pub(crate) fn forget_unannounced(&mut self) {
-        self.to_announce = 0;
+        self.lists.forget_unannounced();
     }
 
     /// The RNR timer fired: whether another wait is allowed (7 = forever).
@@ -149,16 +127,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 };
                 return Err((k, e));
             }
-            let rq = &mut self.qp(i).rq;
-            if rq.recvs.push_back(*wr).is_err() {
-                let what = "receive queue";
+            let announce = a.state != QpState::Err;
+            let s = self.storage.slices();
+            let lists = &mut s.qps[i.slot()].rq.lists;
+            if !lists.post(&mut self.recv_pool, s.recvs, wr, announce) {
+                let what = "receive queue (max_recv_wr receive WRs are posted)";
                 return Err((k, VerbsError::OutOfResources { what }));
             }
-            if a.state == QpState::Err {
+            if !announce {
                 // IB: a receive WR posted to a QP in the error state is flushed.
                 self.fail_recv(i, WcStatus::WrFlushErr);
-            } else {
-                rq.to_announce += 1;
             }
         }
         self.announce_recvs(i);
@@ -171,18 +149,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let Some(oob) = self.oob.as_mut() else {
             return;
         };
-        let q = &mut self.storage.slices().qps[i.slot()];
+        let s = self.storage.slices();
+        let q = &mut s.qps[i.slot()];
         if !q.attrs.connected() {
             return;
         }
         let (qpn, peer) = (q.attrs.qpn, q.attrs.peer_ip);
-        let rq = &mut q.rq;
-        let total = rq.recvs.len() as u32;
-        while rq.to_announce > 0 {
-            let Some(r) = rq.recvs.iter().nth((total - rq.to_announce) as usize) else {
-                rq.to_announce = 0;
-                break;
-            };
+        while let Some(r) = q.rq.lists.next_to_announce(s.recvs) {
             let rec = OobRecvWr {
                 wr_id: r.wr_id,
                 addr: r.addr.0,
@@ -192,7 +165,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             };
             match oob.send(peer, &rec) {
                 Ok(()) => {
-                    rq.to_announce -= 1;
+                    q.rq.lists.announced(s.recvs);
                     self.stats.recvs_announced += 1;
                 }
                 Err(e) => {
@@ -250,10 +223,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
     }
 
-    /// The out-of-band connection to `peer` broke. Only what needs the channel fails: a QP
-    /// with a SEND waiting for the peer's receive WR goes to ERR (its WRs flushed). Others
-    /// keep running, as on a real card when a peer process exits: WRITEs and READs use the
-    /// link, receive WRs stay posted, and a later SEND fails at once.
+    /// The out-of-band connection to `peer` broke: the peer is gone (its process exited or
+    /// closed the device). What depends on the channel fails, so that nobody waits for it
+    /// forever: a QP with a SEND waiting for the peer's receive WR, and a QP that announced
+    /// receive WRs to the peer (a passive receiver, which would otherwise never learn), go
+    /// to ERR with their work flushed (WR_FLUSH_ERR) and raise QP_FATAL. The receive WRs
+    /// the peer announced are dropped. Other QPs keep running, as on a real card: WRITEs
+    /// and READs use the link, and a later SEND fails at once.
     fn on_peer_lost(&mut self, peer: Ipv4Addr) {
         for i in self.qp_indices() {
             let a = self.qp(i).attrs;
@@ -264,10 +240,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let waiting = (sq.sent()..sq.len())
                 .filter_map(|k| sq.get(k))
                 .any(|w| w.needs_recv() && w.state == WqeState::Pending);
+            let receiving = self.qp(i).rq.posted() > 0;
             self.stats.peers_lost += 1;
             self.qp(i).rq.oob_lost = true;
-            if waiting {
-                self.enter_error(i);
+            // The peer's announced receive WRs went with it.
+            while self.next_remote(i).is_some() {
+                self.pop_remote(i);
+            }
+            if waiting || receiving {
+                core_debug!(
+                    "QP {:#x}: the out-of-band connection to {} is lost: QP to ERR",
+                    a.qpn.get(),
+                    peer
+                );
+                self.fatal(i);
             }
         }
     }
@@ -293,12 +279,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let Some(i) = self.peer_qp(from, wr.qpn) else {
             return false;
         };
-        let q = self.qp(i);
+        let s = self.storage.slices();
+        let q = &mut s.qps[i.slot()];
         q.rq.oob_lost = false;
-        if q.rq.remote.push_back(wr).is_err() {
+        if !q.rq.lists.add_remote(&mut self.recv_pool, s.recvs, &wr) {
             core_error!(
-                "QP {:#x}: more announced receive WRs than the queue holds",
-                q.attrs.qpn.get()
+                "QP {:#x}: announced receive WR {:#x} dropped: the receive WR table is full",
+                q.attrs.qpn.get(),
+                wr.wr_id
             );
             self.stats.recvs_dropped += 1;
             return true;
@@ -327,7 +315,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
         // The requester tells only when the SEND is its oldest request: the SENDs before it
         // were acknowledged, so their completions come first.
         self.deliver_ready(i);
-        let (qpn, head) = (self.qp(i).attrs.qpn.get(), self.qp(i).rq.oldest());
+        let s = self.storage.slices();
+        let (qpn, head) = (
+            s.qps[i.slot()].attrs.qpn.get(),
+            s.qps[i.slot()].rq.lists.oldest(s.recvs),
+        );
         match head {
             Some(head) if head == rec.wr_id => {}
             Some(head) => core_error!(
@@ -379,8 +371,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// with REM_INV_REQ_ERR and move the QP to ERR. Nothing is written.
     pub(crate) fn send_too_long(&mut self, i: QpIndex, r: &OobRecvWr, send_len: u32) {
         self.stats.sends_too_long += 1;
+        self.pop_remote(i);
         let q = self.qp(i);
-        q.rq.remote.pop_front();
         let (peer, qpn) = (q.attrs.peer_ip, q.attrs.qpn.get());
         let rec = RecvTooShort {
             wr_id: r.wr_id,
@@ -405,10 +397,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Completes the oldest receive WR of QP `i` with the error `status` (byte_len 0);
     /// `false` if none is posted.
     pub(crate) fn fail_recv(&mut self, i: QpIndex, status: WcStatus) -> bool {
-        let q = self.qp(i);
-        let Some(r) = q.rq.pop() else {
+        let Some(r) = self.pop_recv(i) else {
             return false;
         };
+        let q = self.qp(i);
         let (qpn, cq) = (q.attrs.qpn, q.attrs.recv_cq);
         let wc = WorkCompletion {
             wr_id: r.wr_id,
@@ -419,10 +411,42 @@ impl<P: Platform, S: Storage> Device<P, S> {
             qp_num: qpn.get(),
             src_qp: 0,
             wc_flags: 0,
+            sq_slots: 0,
         };
-        let depth = self.storage.cq_depth();
-        push_cqe(&mut self.storage.slices(), depth, &mut self.stats, cq, wc);
+        self.complete(cq, wc);
         true
+    }
+
+    /// Takes QP `i`'s oldest posted receive WR (to complete it).
+    pub(crate) fn pop_recv(&mut self, i: QpIndex) -> Option<RecvWr> {
+        let s = self.storage.slices();
+        s.qps[i.slot()]
+            .rq
+            .lists
+            .pop_local(&mut self.recv_pool, s.recvs)
+    }
+
+    /// The peer's next announced receive WR for QP `i`.
+    pub(crate) fn next_remote(&mut self, i: QpIndex) -> Option<OobRecvWr> {
+        let s = self.storage.slices();
+        let q = &s.qps[i.slot()];
+        q.rq.lists.next_remote(s.recvs, q.attrs.dest_qpn.get())
+    }
+
+    /// Drops the peer's next announced receive WR for QP `i` (a SEND used it).
+    pub(crate) fn pop_remote(&mut self, i: QpIndex) {
+        let s = self.storage.slices();
+        s.qps[i.slot()]
+            .rq
+            .lists
+            .pop_remote(&mut self.recv_pool, s.recvs);
+    }
+
+    /// Gives every receive WR of QP `i`, its own and its peer's, back to the table (the QP
+    /// is reset or destroyed: nothing completes).
+    pub(crate) fn clear_recvs(&mut self, i: QpIndex) {
+        let s = self.storage.slices();
+        s.qps[i.slot()].rq.lists.clear(&mut self.recv_pool, s.recvs);
     }
 
     /// A SEND waited `min_rnr_timer` for a receive WR: try again, or give up after

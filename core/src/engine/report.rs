@@ -14,7 +14,6 @@ use crate::time::Instant;
 use crate::transport::Psn;
 use crate::wire::{AckVerdict, DriverAckFrame};
 
-use super::cq::push_cqe;
 use super::qp::QpIndex;
 use super::requester::{Batch, Path};
 use super::responder::{MsgEnd, MsgKind, ReadRequest};
@@ -219,14 +218,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
             MsgKind::WriteImm => WcOpcode::RecvRdmaWithImm,
             MsgKind::Send | MsgKind::SendImm => WcOpcode::Recv,
         };
-        let q = self.qp(i);
         // A QP in ERR completes nothing more (its receive WRs were flushed; the card was told
         // to drop its packets, but reports already on the ring still come).
-        let r = if q.attrs.connected() {
-            q.rq.pop()
+        let r = if self.qp(i).attrs.connected() {
+            self.pop_recv(i)
         } else {
             None
         };
+        let q = self.qp(i);
         let (qpn, peer, cq, state) = (
             q.attrs.qpn,
             q.attrs.dest_qpn,
@@ -252,9 +251,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
             qp_num: qpn.get(),
             src_qp: peer.get(),
             wc_flags: if with_imm { WC_WITH_IMM } else { 0 },
+            sq_slots: 0,
         };
-        let depth = self.storage.cq_depth();
-        push_cqe(&mut self.storage.slices(), depth, &mut self.stats, cq, wc);
+        self.complete(cq, wc);
     }
 
     fn ack_frame(&mut self, i: QpIndex, base: Psn, verdict: AckVerdict) -> Option<RawDesc> {

@@ -280,7 +280,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// posting order): a SEND's packet count depends on the receive buffer it is matched
     /// with.
     fn validate(&mut self, i: QpIndex, pd: u32, wr: &SendWr) -> Result<Wqe, VerbsError> {
-        if self.sq(i).is_full() {
+        if self.sq(i).is_full_for_app() {
             return Err(VerbsError::SendQueueFull);
         }
         let is_send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_));
@@ -363,12 +363,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
     ) -> bool {
         // Step 1: the WQE to go on with. The newest request handed over may still have
         // packets the window held back: it goes on first.
-        let depth = self.storage.sq_depth();
         let (k, mut w, next_psn, acked_psn, next_msn) = {
             let s = self.storage.slices();
             let q = &mut s.qps[i.slot()];
             let r = (q.req.next_psn, q.req.acked_psn, q.req.next_msn);
-            let sq = SendQueue::new(&mut q.req.sq, s.wqes, i, depth);
+            let sq = SendQueue::new(&mut q.req.sq, s.wqes);
             let cut = sq.last_sent().filter(|w| w.unsent_packets(r.0) > 0);
             let (k, w) = match cut {
                 Some(w) => (sq.sent() - 1, *w),
@@ -433,7 +432,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if first {
             q.req.next_msn = w.msn.wrapping_add(1);
         }
-        let mut sq = SendQueue::new(&mut q.req.sq, s.wqes, i, depth);
+        let mut sq = SendQueue::new(&mut q.req.sq, s.wqes);
         if let Some(slot) = sq.get_mut(k) {
             *slot = w;
         }
@@ -456,7 +455,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Matches a pending SEND (or WRITE_WITH_IMM) with the peer's next announced receive WR
     /// (oob-channel.md), or leaves it waiting under the RNR rules. False: not now.
     fn match_remote_recv(&mut self, i: QpIndex, w: &mut Wqe, now: Instant) -> bool {
-        let Some(r) = self.qp(i).rq.next_remote() else {
+        let Some(r) = self.next_remote(i) else {
             if self.qp(i).rq.peer_lost() {
                 // No receive WR can be announced any more.
                 self.enter_error(i);
@@ -476,7 +475,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return false;
         }
         let rnr_retry = self.qp(i).attrs.rnr_retry;
-        self.qp(i).rq.take_remote(rnr_retry);
+        self.pop_remote(i);
+        self.qp(i).rq.refill_rnr(rnr_retry);
         self.timers(i).set(Timer::Rnr, None);
         w.match_recv(VirtAddr(r.addr), crate::keys::MrKey::from_raw(r.lkey));
         true

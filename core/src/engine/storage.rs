@@ -1,6 +1,9 @@
 //! Where the device keeps its objects (caller-provided: arrays on firmware, vectors on
 //! hosts), and the views that own the index arithmetic of the shared tables: a QP's send
-//! queue in the WQE table, a CQ's ring in the completion table, and the timer table.
+//! queue in the WQE table, a CQ's ring in the completion table, and the timer table. Each
+//! QP and CQ gets its own range of the shared table when it is created, as large as the
+//! caller asked for (`ranges.rs`); receive WRs live in one table as linked lists
+//! (`recv_pool.rs`).
 
 use core::net::Ipv4Addr;
 
@@ -9,7 +12,9 @@ use crate::time::Instant;
 
 use super::cq::CqSlot;
 use super::mr::MrSlot;
-use super::qp::{QpIndex, QpSlot};
+use super::qp::QpSlot;
+use super::ranges::Range;
+use super::recv_pool::RecvEntry;
 use super::wqe::Wqe;
 use super::wr::WorkCompletion;
 
@@ -17,17 +22,23 @@ use super::wr::WorkCompletion;
 pub struct Slices<'a> {
     /// Queue pairs (slot i is QP index i + 1: index 0 is reserved by the card).
     pub qps: &'a mut [QpSlot],
-    /// Send WQEs: `sq_depth` per QP, QP slot i owns `[i * sq_depth, (i + 1) * sq_depth)`.
+    /// Send WQEs of every QP: each QP's send queue is a range of this table, taken at
+    /// create_qp (its `max_send_wr` and room for the READ responses it may owe).
     pub wqes: &'a mut [Wqe],
     /// The QPs' timers (one entry per QP slot), kept apart from the slots so that finding
     /// the next deadline reads one small table.
     pub timers: &'a mut [QpTimers],
     /// Completion queues.
     pub cqs: &'a mut [CqSlot],
-    /// Completions: `cq_depth` per CQ.
+    /// Completions of every CQ: each CQ's ring is a range of this table, taken at
+    /// create_cq.
     pub cqes: &'a mut [WorkCompletion],
     /// Memory regions (slot i is MR table index i).
     pub mrs: &'a mut [MrSlot],
+    /// Receive WRs of every QP, posted here or announced by the peer. A QP reserves its
+    /// `max_recv_wr` at creation; at most half the table is reserved, the rest holds what
+    /// peers announce.
+    pub recvs: &'a mut [RecvEntry],
     /// Announced receive WRs held for QPs that have not reached RTR yet, in arrival order
     /// (a peer may announce a whole receive queue, ibv_rc_pingpong's 500, before this side
     /// connects). Size it to the receive WRs peers may announce early.
@@ -35,14 +46,13 @@ pub struct Slices<'a> {
 }
 
 impl Slices<'_> {
-    /// Whether the tables fit each other: `sq_depth` WQEs per QP, `cq_depth` completions
-    /// per CQ, a timer entry per QP.
+    /// Whether the tables fit each other: a timer entry per QP, and room for at least one
+    /// send queue, one CQ and one receive WR.
     #[inline]
-    pub(crate) fn consistent(&self, sq_depth: usize, cq_depth: usize) -> bool {
-        sq_depth > 0
-            && cq_depth > 0
-            && self.wqes.len() >= self.qps.len() * sq_depth
-            && self.cqes.len() >= self.cqs.len() * cq_depth
+    pub(crate) fn consistent(&self) -> bool {
+        !self.wqes.is_empty()
+            && !self.cqes.is_empty()
+            && !self.recvs.is_empty()
             && self.timers.len() >= self.qps.len()
     }
 }
@@ -70,21 +80,68 @@ impl Default for EarlyRecv {
 pub trait Storage {
     /// All tables at once.
     fn slices(&mut self) -> Slices<'_>;
-    /// Send WQEs per QP.
-    fn sq_depth(&self) -> usize;
-    /// Completions per CQ.
-    fn cq_depth(&self) -> usize;
 }
 
-/// Head, length and sent prefix of one QP's send queue (the WQEs live in the shared table).
+/// Head, length and sent prefix of one QP's send queue, and where its WQEs are in the
+/// shared table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct SqCounters {
     head: u32,
     len: u32,
     sent: u32,
+    /// Queued WQEs the engine made itself (READ responses).
+    internal: u32,
+    /// Application requests that left the queue but whose completion (or, unsignaled, a
+    /// later one's) has not been polled: they still hold their place.
+    unpolled: u32,
+    /// Application requests that left the queue without a completion of their own since
+    /// the last one: the next completion frees their places too.
+    carry: u32,
+    /// The application's requests the queue takes (`max_send_wr`).
+    cap: u32,
+    ring: Range,
 }
 
-/// One QP's send queue: its counters and its `sq_depth` WQEs of the shared table. Index k
+impl SqCounters {
+    /// An application request left the queue; `completes` if it has a completion, which
+    /// then frees the places of the unsignaled ones before it when polled. Returns how many
+    /// places the completion frees (0 without one).
+    pub(crate) fn retired(&mut self, completes: bool) -> u32 {
+        self.unpolled += 1;
+        self.carry += 1;
+        if completes {
+            core::mem::take(&mut self.carry)
+        } else {
+            0
+        }
+    }
+
+    /// A completion that frees `slots` places was polled.
+    pub(crate) fn polled(&mut self, slots: u32) {
+        self.unpolled = self.unpolled.saturating_sub(slots);
+    }
+
+    /// An empty queue of `cap` application requests in `ring`.
+    pub(crate) fn new(cap: u32, ring: Range) -> Self {
+        SqCounters {
+            cap,
+            ring,
+            ..SqCounters::default()
+        }
+    }
+
+    /// Where the queue's WQEs are.
+    pub(crate) fn ring(&self) -> Range {
+        self.ring
+    }
+
+    /// The application's requests the queue takes.
+    pub(crate) fn cap(&self) -> u32 {
+        self.cap
+    }
+}
+
+/// One QP's send queue: its counters and its range of the shared WQE table. Index k
 /// counts from the oldest WQE; the first `sent()` WQEs have been handed to the card.
 pub(crate) struct SendQueue<'a> {
     c: &'a mut SqCounters,
@@ -92,19 +149,12 @@ pub(crate) struct SendQueue<'a> {
 }
 
 impl<'a> SendQueue<'a> {
-    /// The send queue of QP slot `i` (`wqes` is the whole table).
+    /// The send queue of the counters `c` (`wqes` is the whole table).
     #[inline]
-    pub(crate) fn new(
-        c: &'a mut SqCounters,
-        wqes: &'a mut [Wqe],
-        i: QpIndex,
-        depth: usize,
-    ) -> Self {
-        let at = i.slot() * depth;
-        SendQueue {
-            c,
-            ring: &mut wqes[at..at + depth],
-        }
+    pub(crate) fn new(c: &'a mut SqCounters, wqes: &'a mut [Wqe]) -> Self {
+        let (at, len) = (c.ring.base as usize, c.ring.len as usize);
+        let ring = wqes.get_mut(at..at + len).unwrap_or(&mut []);
+        SendQueue { c, ring }
     }
 
     #[inline]
@@ -116,7 +166,7 @@ impl<'a> SendQueue<'a> {
         } else if at < 2 * depth {
             at - depth
         } else {
-            at % depth
+            at % depth.max(1)
         }
     }
 
@@ -132,10 +182,16 @@ impl<'a> SendQueue<'a> {
         self.c.sent
     }
 
-    /// Every slot is taken.
+    /// Every slot is taken (a READ response finds no room).
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.c.len as usize >= self.ring.len()
+    }
+
+    /// The application's requests fill the queue: `max_send_wr` of them are queued, or
+    /// left it with their completions not polled yet.
+    pub(crate) fn is_full_for_app(&self) -> bool {
+        self.is_full() || self.c.len - self.c.internal + self.c.unpolled >= self.c.cap
     }
 
     /// The k-th WQE from the oldest.
@@ -188,6 +244,7 @@ impl<'a> SendQueue<'a> {
             return Err(w);
         }
         let at = self.at(self.c.len);
+        self.c.internal += w.is_internal() as u32;
         self.ring[at] = w;
         self.c.len += 1;
         Ok(())
@@ -209,6 +266,7 @@ impl<'a> SendQueue<'a> {
         self.ring[self.at(0)] = Wqe::default();
         self.c.head = (self.c.head + 1) % self.ring.len() as u32;
         self.c.len -= 1;
+        self.c.internal -= (w.is_internal() && self.c.internal > 0) as u32;
         self.c.sent = self.c.sent.saturating_sub(1);
         Some(w)
     }
@@ -289,33 +347,38 @@ pub(crate) fn next_deadline(timers: &[QpTimers]) -> Option<Instant> {
 pub(crate) struct CqRing<'a> {
     head: &'a mut u32,
     len: &'a mut u32,
+    /// Completions the CQ holds (the `cqe` its creator asked for).
+    cap: u32,
     ring: &'a mut [WorkCompletion],
 }
 
 impl<'a> CqRing<'a> {
-    /// The ring of CQ `cq` (`cqes` is the whole table, `depth` completions per CQ).
+    /// The ring in `range` of `cqes` (the whole table), holding `cap` completions.
     #[inline]
     pub(crate) fn new(
         head: &'a mut u32,
         len: &'a mut u32,
+        cap: u32,
         cqes: &'a mut [WorkCompletion],
-        cq: usize,
-        depth: usize,
+        range: Range,
     ) -> Self {
+        let (at, n) = (range.base as usize, range.len as usize);
+        let ring = cqes.get_mut(at..at + n).unwrap_or(&mut []);
         CqRing {
             head,
             len,
-            ring: &mut cqes[cq * depth..(cq + 1) * depth],
+            cap: cap.min(n as u32),
+            ring,
         }
     }
 
-    /// Appends a completion; gives it back when the ring is full.
+    /// Appends a completion; gives it back when the CQ holds `cap` already.
     #[inline]
     pub(crate) fn push(&mut self, wc: WorkCompletion) -> Result<(), WorkCompletion> {
-        let depth = self.ring.len();
-        if *self.len as usize >= depth {
+        if *self.len >= self.cap {
             return Err(wc);
         }
+        let depth = self.ring.len();
         self.ring[(*self.head as usize + *self.len as usize) % depth] = wc;
         *self.len += 1;
         Ok(())
@@ -331,6 +394,13 @@ impl<'a> CqRing<'a> {
         *self.head = (*self.head + 1) % self.ring.len() as u32;
         *self.len -= 1;
         Some(wc)
+    }
+
+    /// Moves the queued completions to the start of the ring, oldest first (before the
+    /// ring is moved or resized).
+    pub(crate) fn linearize(&mut self) {
+        self.ring.rotate_left(*self.head as usize);
+        *self.head = 0;
     }
 }
 
@@ -349,8 +419,8 @@ mod tests {
     #[test]
     fn a_send_queue_wraps_inside_its_own_slots() {
         let mut table = [Wqe::default(); 12];
-        let mut c = SqCounters::default();
-        let mut q = SendQueue::new(&mut c, &mut table, QpIndex::from_slot(1), 4);
+        let mut c = SqCounters::new(4, Range { base: 4, len: 4 });
+        let mut q = SendQueue::new(&mut c, &mut table);
         q.push(wqe(100)).unwrap();
         q.pop();
         // The head now sits at slot 1: every round wraps past the end of the QP's slots.
@@ -376,8 +446,8 @@ mod tests {
     #[test]
     fn the_sent_prefix_never_outgrows_the_queue() {
         let mut table = [Wqe::default(); 4];
-        let mut c = SqCounters::default();
-        let mut q = SendQueue::new(&mut c, &mut table, QpIndex::from_slot(0), 4);
+        let mut c = SqCounters::new(4, Range { base: 0, len: 4 });
+        let mut q = SendQueue::new(&mut c, &mut table);
         q.mark_sent();
         assert_eq!(q.sent(), 0);
         q.push(wqe(1)).unwrap();
@@ -408,7 +478,13 @@ mod tests {
     fn a_cq_ring_refuses_past_its_depth_and_keeps_order() {
         let mut table = [WorkCompletion::EMPTY; 6];
         let (mut head, mut len) = (0u32, 0u32);
-        let mut r = CqRing::new(&mut head, &mut len, &mut table, 1, 3);
+        let mut r = CqRing::new(
+            &mut head,
+            &mut len,
+            3,
+            &mut table,
+            Range { base: 3, len: 3 },
+        );
         for id in 0..5u64 {
             let wc = WorkCompletion {
                 wr_id: id,
@@ -423,5 +499,57 @@ mod tests {
         let ids: [u64; 3] = core::array::from_fn(|_| r.pop().unwrap().wr_id);
         assert_eq!(ids, [1, 2, 4]);
         assert!(r.pop().is_none());
+    }
+
+    #[test]
+    fn the_application_gets_its_cap_and_read_responses_the_rest() {
+        let mut table = [Wqe::default(); 8];
+        let mut c = SqCounters::new(2, Range { base: 0, len: 8 });
+        let mut q = SendQueue::new(&mut c, &mut table);
+        q.push(wqe(1)).unwrap();
+        q.push(wqe(2)).unwrap();
+        assert!(q.is_full_for_app() && !q.is_full());
+        q.pop();
+        assert!(!q.is_full_for_app());
+        let mut empty = SqCounters::default();
+        let q = SendQueue::new(&mut empty, &mut table);
+        assert!(
+            q.is_full() && q.get(0).is_none(),
+            "a QP without a ring takes nothing"
+        );
+    }
+
+    #[test]
+    fn a_cq_ring_holds_what_was_asked_and_linearizes_in_order() {
+        let mut table = [WorkCompletion::EMPTY; 8];
+        let (mut head, mut len) = (0u32, 0u32);
+        let wc = |id| WorkCompletion {
+            wr_id: id,
+            ..WorkCompletion::EMPTY
+        };
+        let mut r = CqRing::new(
+            &mut head,
+            &mut len,
+            3,
+            &mut table,
+            Range { base: 4, len: 4 },
+        );
+        for id in 0..3 {
+            r.push(wc(id)).unwrap();
+        }
+        assert!(r.push(wc(9)).is_err(), "cqe 3 in a ring of 4");
+        r.pop();
+        r.pop();
+        r.push(wc(3)).unwrap();
+        r.push(wc(4)).unwrap();
+        r.linearize();
+        assert_eq!(head, 0);
+        assert_eq!(
+            table[4..7]
+                .iter()
+                .map(|w| w.wr_id)
+                .collect::<std::vec::Vec<_>>(),
+            [2, 3, 4]
+        );
     }
 }

@@ -368,6 +368,7 @@ impl Wqe {
             qp_num: qpn.get(),
             src_qp: 0,
             wc_flags: 0,
+            sq_slots: 0,
         })
     }
 }

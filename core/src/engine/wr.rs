@@ -62,6 +62,11 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// IBV_WC_* flags.
     pub wc_flags: u32,
+    /// The engine's own bookkeeping: the send-queue places this completion frees when it
+    /// is polled (its WQE and the unsignaled ones before it: a send queue holds
+    /// `max_send_wr` requests until their completions are polled, as on a real card).
+    /// Always 0 in the completions `poll_cq` returns; leave it 0 in ones made elsewhere.
+    pub sq_slots: u32,
 }
 
 impl WorkCompletion {
@@ -75,6 +80,7 @@ impl WorkCompletion {
         qp_num: 0,
         src_qp: 0,
         wc_flags: 0,
+        sq_slots: 0,
     };
 }
 

@@ -8,6 +8,13 @@
 //! pipeline, which knows no UD opcode. The ICRC is computed and checked as RoCE v2 defines
 //! it (ibverbs-abi.md 5.6), so a frame corrupted on the way is dropped. PadCnt is 0 on
 //! emit and honoured on parse.
+//!
+//! A datagram longer than one frame's payload ([`UD_MAX_PAYLOAD`], what fits a receiving
+//! card's 2048-byte simple-NIC slot) travels as several frames with consecutive PSNs: FIRST,
+//! MIDDLE..., LAST (this driver's extension: opcodes 0x60..=0x63, which IB leaves unused for
+//! UD; only the LAST carries the immediate data). The receiver puts them back together, up
+//! to [`UD_MAX_DATAGRAM`] bytes, the port's MTU; a datagram missing a frame is dropped, as
+//! UD allows.
 
 use core::net::Ipv4Addr;
 use core::ops::Range;
@@ -32,6 +39,16 @@ pub const UD_UDP_PORT: u16 = 4792;
 pub const UD_SEND_ONLY: u8 = 0x64;
 /// UD SEND_ONLY_WITH_IMMEDIATE.
 pub const UD_SEND_ONLY_WITH_IMM: u8 = 0x65;
+/// The first frame of a datagram of several (this driver's extension).
+pub const UD_SEND_FIRST: u8 = 0x60;
+/// A middle frame of a datagram of several.
+pub const UD_SEND_MIDDLE: u8 = 0x61;
+/// The last frame of a datagram of several.
+pub const UD_SEND_LAST: u8 = 0x62;
+/// The last frame of a datagram of several, with immediate data.
+pub const UD_SEND_LAST_WITH_IMM: u8 = 0x63;
+/// The largest datagram: the port's MTU (4096 bytes), in up to three frames.
+pub const UD_MAX_DATAGRAM: usize = 4096;
 /// Length of the DETH.
 pub const DETH_LEN: usize = 8;
 /// Length of the ICRC trailer.
@@ -48,6 +65,36 @@ pub const UD_MAX_FRAME: usize = RX_SLOT_SIZE as usize;
 pub const UD_MAX_PAYLOAD: usize = UD_MAX_FRAME - UD_HEADER_LEN - IMM_LEN - ICRC_LEN;
 /// The default P_Key (BTH bytes 2..3).
 pub const DEFAULT_PKEY: u16 = 0xFFFF;
+
+/// Which part of a datagram a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UdPart {
+    /// The whole datagram.
+    Only,
+    /// Its first frame of several.
+    First,
+    /// A frame between the first and the last.
+    Middle,
+    /// Its last frame.
+    Last,
+}
+
+impl UdPart {
+    /// The part of frame `k` of a datagram of `n` frames.
+    pub const fn of(k: usize, n: usize) -> UdPart {
+        match (k, n) {
+            (_, 0 | 1) => UdPart::Only,
+            (0, _) => UdPart::First,
+            (k, n) if k + 1 == n => UdPart::Last,
+            _ => UdPart::Middle,
+        }
+    }
+
+    /// Whether the frame ends a datagram (immediate data may ride on it).
+    pub const fn ends(self) -> bool {
+        matches!(self, UdPart::Only | UdPart::Last)
+    }
+}
 
 /// The datagram extended transport header: Q_Key and source QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -112,8 +159,10 @@ pub struct UdFrame {
     pub psn: u32,
     /// Q_Key and source QP.
     pub deth: Deth,
-    /// Immediate data (SEND_ONLY_WITH_IMMEDIATE).
+    /// Immediate data (SEND_ONLY_WITH_IMMEDIATE, or on the LAST frame).
     pub imm: Option<u32>,
+    /// Which part of its datagram the frame carries.
+    pub part: UdPart,
 }
 
 impl UdFrame {
@@ -129,8 +178,16 @@ impl UdFrame {
 
     /// Writes the headers and the ICRC around a payload of `payload_len` bytes that the
     /// caller already put at `out[header_len()..]`; returns the frame length. Refuses a
-    /// payload over [`UD_MAX_PAYLOAD`].
+    /// payload over [`UD_MAX_PAYLOAD`], and immediate data on a frame that does not end its
+    /// datagram.
     pub fn emit(&self, out: &mut [u8], payload_len: usize) -> Result<usize, WireError> {
+        if self.imm.is_some() && !self.part.ends() {
+            return Err(WireError::FieldOutOfRange {
+                field: "ud.imm (only the last frame of a datagram carries it)",
+                value: 1,
+                max: 0,
+            });
+        }
         if payload_len > UD_MAX_PAYLOAD {
             return Err(WireError::FieldOutOfRange {
                 field: "ud.payload_len",
@@ -154,10 +211,13 @@ impl UdFrame {
         );
         let udp_payload_len = len - (ETH_HEADER_LEN + IPV4_HEADER_LEN + UDP_HEADER_LEN);
         let mut pos = envelope.emit(UD_UDP_PORT, udp_payload_len as u16, frame)?;
-        let opcode = if self.imm.is_some() {
-            UD_SEND_ONLY_WITH_IMM
-        } else {
-            UD_SEND_ONLY
+        let opcode = match (self.part, self.imm.is_some()) {
+            (UdPart::Only, false) => UD_SEND_ONLY,
+            (UdPart::Only, true) => UD_SEND_ONLY_WITH_IMM,
+            (UdPart::First, _) => UD_SEND_FIRST,
+            (UdPart::Middle, _) => UD_SEND_MIDDLE,
+            (UdPart::Last, false) => UD_SEND_LAST,
+            (UdPart::Last, true) => UD_SEND_LAST_WITH_IMM,
         };
         let mut bth = Bth::new(
             RdmaOpcode::from_raw(opcode),
@@ -196,9 +256,13 @@ impl UdFrame {
                 available: frame.len(),
             })?;
         let (bth, after_bth) = Bth::parse(udp_payload)?;
-        let with_imm = match bth.opcode.raw() {
-            UD_SEND_ONLY => false,
-            UD_SEND_ONLY_WITH_IMM => true,
+        let (part, with_imm) = match bth.opcode.raw() {
+            UD_SEND_ONLY => (UdPart::Only, false),
+            UD_SEND_ONLY_WITH_IMM => (UdPart::Only, true),
+            UD_SEND_FIRST => (UdPart::First, false),
+            UD_SEND_MIDDLE => (UdPart::Middle, false),
+            UD_SEND_LAST => (UdPart::Last, false),
+            UD_SEND_LAST_WITH_IMM => (UdPart::Last, true),
             raw => return Err(WireError::UnknownOpcode { raw }),
         };
         if bth.tver != 0 {
@@ -251,6 +315,7 @@ impl UdFrame {
             psn: bth.psn,
             deth,
             imm,
+            part,
         };
         Ok((ud, start..start + payload_and_pad))
     }
@@ -337,6 +402,7 @@ mod tests {
                 src_qpn: 0x80_0001,
             },
             imm,
+            part: UdPart::Only,
         }
     }
 
@@ -475,5 +541,31 @@ mod tests {
         f[n - 4..n].copy_from_slice(&crc.to_le_bytes());
         let (_, payload) = UdFrame::parse(&f[..n]).unwrap();
         assert_eq!(&f[payload], b"abcde");
+    }
+
+    #[test]
+    fn the_parts_of_a_long_datagram_round_trip_and_only_the_last_carries_imm() {
+        for (k, n, part) in [
+            (0, 1, UdPart::Only),
+            (0, 3, UdPart::First),
+            (1, 3, UdPart::Middle),
+            (2, 3, UdPart::Last),
+        ] {
+            assert_eq!(UdPart::of(k, n), part);
+            for imm in [None, Some(9)] {
+                let f = UdFrame {
+                    part,
+                    ..sample(imm)
+                };
+                let mut out = [0u8; UD_MAX_FRAME];
+                let r = f.emit(&mut out, 100);
+                assert_eq!(r.is_ok(), imm.is_none() || part.ends(), "{part:?} {imm:?}");
+                if let Ok(n) = r {
+                    let (g, range) = UdFrame::parse(&out[..n]).unwrap();
+                    assert_eq!((g, range.len()), (f, 100));
+                }
+            }
+        }
+        assert!(UD_MAX_DATAGRAM.div_ceil(UD_MAX_PAYLOAD) <= 3);
     }
 }

@@ -242,9 +242,11 @@ fn huge_free(p: *mut c_void) {
     s.len[first] = 0;
 }
 
-/// A page-aligned request: hugepages if there are, else glibc's.
+/// A page-aligned request of any size: hugepages if there are, else glibc's. A small one
+/// is a registered buffer too (ibv_ud_pingpong's is `memalign(page, size + 40)`: 2088
+/// bytes for `-s 2048`).
 fn aligned(align: usize, size: usize) -> *mut c_void {
-    if (4096..=HUGEPAGE).contains(&align) && size >= 4096 {
+    if (4096..=HUGEPAGE).contains(&align) && size > 0 {
         let p = huge(size);
         if !p.is_null() {
             return p;

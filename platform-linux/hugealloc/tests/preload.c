@@ -65,6 +65,10 @@ int main(void) {
     char *e = memalign(4096, 4096);
     CHECK(e && page_kib(e) == 2048);
     free(e);
+    /* A small page-aligned buffer is one to register too (ibv_ud_pingpong -s 2048). */
+    char *u = memalign(4096, 2048 + 40);
+    CHECK(u && (uintptr_t)u % HUGE == 0 && page_kib(u) == 2048);
+    free(u);
     puts("ok");
     return 0;
 }

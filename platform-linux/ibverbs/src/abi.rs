@@ -630,6 +630,10 @@ pub const IBV_MTU_1024: u32 = 3;
 pub const IBV_MTU_4096: u32 = 5;
 pub const IBV_QPT_RC: u32 = 2;
 pub const IBV_QPT_UD: u32 = 4;
+/// `enum ibv_event_type`: a CQ overran.
+pub const IBV_EVENT_CQ_ERR: u32 = 0;
+/// `enum ibv_event_type`: a QP went to ERR on its own.
+pub const IBV_EVENT_QP_FATAL: u32 = 1;
 pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
 /// `ibv_gid_type_sysfs` (the private `ibv_query_gid_type`): RoCE v2.
 pub const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;

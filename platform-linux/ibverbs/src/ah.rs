@@ -8,9 +8,11 @@ use std::ptr;
 use bluerdma_core::qp::Gid;
 
 use crate::abi::*;
-use crate::caps::GID_TABLE_LEN;
-use crate::errors::null;
+use crate::av;
+use crate::caps::MAX_AH;
+use crate::errors::{errno_rc, null};
 use crate::handle::{free, own};
+use crate::live::{self, Kind};
 use crate::pd::Pd;
 
 #[repr(C)]
@@ -20,34 +22,21 @@ pub(crate) struct Ah {
     pub ip: Ipv4Addr,
 }
 
-/// The peer an address vector names: RoCE v2 needs a GRH with an IPv4-mapped GID.
-fn peer_of(a: &IbvAhAttr, verb: &str) -> Result<Ipv4Addr, c_int> {
-    if a.is_global == 0 {
-        log::error!("{verb}: the address vector has no GRH (this RoCE device names peers by GID)");
-        return Err(libc::EINVAL);
-    }
-    if a.port_num > 1 || u32::from(a.grh.sgid_index) >= GID_TABLE_LEN {
-        log::error!(
-            "{verb}: port {} or sgid_index {} does not exist",
-            a.port_num,
-            a.grh.sgid_index
-        );
-        return Err(libc::EINVAL);
-    }
-    Gid(a.grh.dgid).to_ipv4().map_err(|e| {
-        log::error!("{verb}: {e}");
-        libc::EINVAL
-    })
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
-    // SAFETY: the caller passes a PD from ibv_alloc_pd.
+    if live::check(Kind::Pd, pd, "create_ah").is_err() {
+        return null(libc::EINVAL);
+    }
+    // SAFETY: a live PD.
     let (Some(p), false) = ((unsafe { own::<Pd, _>(pd) }), attr.is_null()) else {
         return null(libc::EINVAL);
     };
+    if live::count(Kind::Ah) >= MAX_AH as usize {
+        log::error!("create_ah: {MAX_AH} address handles exist (max_ah)");
+        return null(libc::ENOMEM);
+    }
     // SAFETY: the caller passes an ibv_ah_attr.
-    let ip = match peer_of(unsafe { &*attr }, "create_ah") {
+    let ip = match av::peer(unsafe { &*attr }, "create_ah") {
         Ok(ip) => ip,
         Err(e) => return null(e),
     };
@@ -60,17 +49,44 @@ pub unsafe extern "C" fn bv_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) 
         },
         ip,
     });
-    Box::into_raw(b) as *mut IbvAh
+    p.hold();
+    let ah = Box::into_raw(b);
+    live::add(Kind::Ah, ah, p.ibv.context);
+    ah as *mut IbvAh
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_destroy_ah(ah) })
+}
+
+/// The work of [`bv_ibv_destroy_ah`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
+    if !live::take(Kind::Ah, ah) {
+        log::error!("destroy_ah: {ah:p} is not a live AH (destroyed already?)");
+        return libc::EINVAL;
+    }
+    // SAFETY: a live AH's PD outlives it (it refuses to go while the AH lives).
+    unsafe { Pd::of((*ah).pd) }.release();
     // SAFETY: made by ibv_create_ah; the caller gives it up.
     unsafe { free::<Ah, _>(ah) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_init_ah_from_wc(
+    _ctx: *mut IbvContext,
+    port_num: u8,
+    wc: *mut IbvWc,
+    grh: *mut IbvGrh,
+    attr: *mut IbvAhAttr,
+) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_init_ah_from_wc(_ctx, port_num, wc, grh, attr) })
+}
+
+/// The work of [`bv_ibv_init_ah_from_wc`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_init_ah_from_wc(
     _ctx: *mut IbvContext,
     port_num: u8,
     wc: *mut IbvWc,

@@ -6,8 +6,8 @@ use core::ffi::c_int;
 use std::ptr;
 
 use crate::abi::*;
-use crate::context::Ctx;
-use crate::errors::null;
+use crate::errors::{errno_rc, null};
+use crate::live::{self, Kind};
 
 #[repr(C)]
 pub(crate) struct Channel {
@@ -18,8 +18,7 @@ pub(crate) struct Channel {
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_create_comp_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
-    // SAFETY: the caller passes an open context.
-    if unsafe { Ctx::from_ibv(ctx) }.is_none() {
+    if live::check(Kind::Ctx, ctx, "create_comp_channel").is_err() {
         return null(libc::EINVAL);
     }
     let mut fds = [-1; 2];
@@ -35,19 +34,29 @@ pub unsafe extern "C" fn bv_ibv_create_comp_channel(ctx: *mut IbvContext) -> *mu
         },
         write_fd: fds[1],
     });
-    Box::into_raw(b) as *mut IbvCompChannel
+    let ch = Box::into_raw(b);
+    live::add(Kind::Channel, ch, ctx);
+    ch as *mut IbvCompChannel
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
-    if ch.is_null() {
-        return libc::EINVAL;
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_destroy_comp_channel(ch) })
+}
+
+/// The work of [`bv_ibv_destroy_comp_channel`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
+    if let Err(e) = live::check(Kind::Channel, ch, "destroy_comp_channel") {
+        return e;
     }
     // SAFETY: made by ibv_create_comp_channel.
     let c = unsafe { &*(ch as *const Channel) };
     if c.ibv.refcnt != 0 {
+        log::error!("destroy_comp_channel: {} CQs still use it", c.ibv.refcnt);
         return libc::EBUSY;
     }
+    live::take(Kind::Channel, ch);
     // SAFETY: made by ibv_create_comp_channel; the caller gives it up.
     let c = unsafe { Box::from_raw(ch as *mut Channel) };
     // SAFETY: the channel's own descriptors.

@@ -1,22 +1,30 @@
 //! Contexts: an opened device (`struct verbs_context` around `ibv_context`), the engine it
 //! starts on the device's backend on first use ([`bluerdma_linux::devices::open`]) and
-//! shares with the device's other contexts, and its asynchronous events (none are
-//! generated yet).
+//! shares with the device's other contexts, and its asynchronous event file (`async_fd`):
+//! events are written to it as 16-byte records (the object, the event type) and read back
+//! by ibv_get_async_event.
 //!
-//! The function tables a context carries are the entry layer's (`ops.rs`), which opens and
-//! closes contexts through [`Ctx::open`] and [`Ctx::take`].
+//! The function tables a context carries and the routing of the engine's events to the
+//! context that owns the object are the entry layer's (`ops.rs`, `async_events.rs`), which
+//! opens and closes contexts through [`Ctx::open`] and [`Ctx::take`].
 
 use core::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use bluerdma_core::engine::AsyncEvent;
 use bluerdma_linux::devices::Settings;
 use bluerdma_linux::verbs::{Context, DeviceSpec};
 
 use crate::abi::*;
 use crate::caps;
 use crate::device::{device, Device};
+use crate::errors::{errno_rc, set_errno};
+use crate::live::{self, Kind};
+
+/// Where the events of a device's engine go (called on its progress thread).
+pub(crate) type EventSink = fn(&'static Device, AsyncEvent);
 
 /// An opened device: `struct verbs_context` (extended ops, `sz`, then `ibv_context`), then
 /// our state. Applications hold `&ibv`.
@@ -29,9 +37,11 @@ pub(crate) struct Ctx {
     /// The device's emulated card and engine ([`Device`] shares it between contexts),
     /// started by the first object made on the context.
     engine: Mutex<Option<Arc<Context>>>,
-    /// `async_fd` is the read end of this pipe; nothing writes to it yet (no async events
-    /// are generated), so it never becomes readable.
+    /// `async_fd` is the read end of this pipe; [`Ctx::post_event`] writes to the other
+    /// (non-blocking: an event that finds the pipe full is dropped and logged).
     async_pipe: [c_int; 2],
+    /// Where the events of the engine this context starts go.
+    on_event: EventSink,
 }
 
 const _: () = assert!(core::mem::offset_of!(Ctx, ibv) == 320);
@@ -57,6 +67,7 @@ impl Ctx {
         dev: *mut IbvDevice,
         ops: [usize; 32],
         ext_ops: [usize; ext::WORDS],
+        on_event: EventSink,
     ) -> *mut IbvContext {
         // SAFETY: the caller's contract.
         let Some(d) = (unsafe { device(dev) }) else {
@@ -67,6 +78,11 @@ impl Ctx {
         // SAFETY: fds has room for two descriptors.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
             return ptr::null_mut();
+        }
+        // SAFETY: our pipe's write end.
+        unsafe {
+            let fl = libc::fcntl(fds[1], libc::F_GETFL);
+            libc::fcntl(fds[1], libc::F_SETFL, fl | libc::O_NONBLOCK);
         }
         let ctx = Box::new(Ctx {
             ext: ext_ops,
@@ -84,10 +100,28 @@ impl Ctx {
             dev: d,
             engine: Mutex::new(None),
             async_pipe: fds,
+            on_event,
         });
         let ctx = Box::into_raw(ctx);
         // SAFETY: just allocated; the application gets the embedded ibv_context.
-        unsafe { ptr::addr_of_mut!((*ctx).ibv) }
+        let ibv = unsafe { ptr::addr_of_mut!((*ctx).ibv) };
+        live::add(Kind::Ctx, ibv, ibv);
+        ibv
+    }
+
+    /// Writes an event about `element` (an `ibv_cq`, `ibv_qp`, ...) to the async file.
+    pub fn post_event(&self, element: *mut c_void, event_type: u32) {
+        let mut rec = [0u8; 16];
+        rec[..8].copy_from_slice(&(element as u64).to_ne_bytes());
+        rec[8..12].copy_from_slice(&event_type.to_ne_bytes());
+        // SAFETY: writes 16 bytes from a local buffer to our pipe.
+        let n = unsafe { libc::write(self.async_pipe[1], rec.as_ptr() as *const c_void, 16) };
+        if n != 16 {
+            log::error!(
+                "async event {event_type} for {element:p} lost: {}",
+                std::io::Error::last_os_error()
+            );
+        }
     }
 
     /// Takes back a context the application closes; dropping it closes its descriptors.
@@ -147,6 +181,8 @@ impl Ctx {
             },
         )?;
         let c = Arc::new(c);
+        let (dev, sink) = (self.dev, self.on_event);
+        c.set_event_handler(Some(Box::new(move |e| sink(dev, e))));
         *shared = Arc::downgrade(&c);
         *e = Some(Arc::clone(&c));
         Ok(c)
@@ -167,20 +203,57 @@ pub unsafe extern "C" fn bv_ibv_get_async_event(
     ctx: *mut IbvContext,
     event: *mut IbvAsyncEvent,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_get_async_event(ctx, event) })
+}
+
+/// The work of [`bv_ibv_get_async_event`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncEvent) -> c_int {
     // SAFETY: the caller passes an open context.
-    let Some(c) = (unsafe { Ctx::from_ibv(ctx) }) else {
+    let (Some(c), false) = ((unsafe { Ctx::from_ibv(ctx) }), event.is_null()) else {
+        set_errno(libc::EINVAL);
         return -1;
     };
-    let mut b = [0u8; 8];
-    // Blocks (or fails with EAGAIN on a non-blocking fd) like the real call: no
-    // asynchronous event is generated by this device yet.
+    let mut rec = [0u8; 16];
+    // Blocks until an event comes (or fails with EAGAIN on a non-blocking fd), like the
+    // real call.
     // SAFETY: reading into a local buffer.
-    let n = unsafe { libc::read(c.ibv.async_fd, b.as_mut_ptr() as *mut c_void, 8) };
-    if n != 8 || event.is_null() {
+    let n = unsafe { libc::read(c.ibv.async_fd, rec.as_mut_ptr() as *mut c_void, 16) };
+    if n != 16 {
         return -1;
     }
-    -1
+    let element = u64::from_ne_bytes(rec[..8].try_into().unwrap_or_default()) as *mut c_void;
+    let event_type = u32::from_ne_bytes(rec[8..12].try_into().unwrap_or_default());
+    // SAFETY: the caller passes room for an ibv_async_event.
+    unsafe {
+        event.write(IbvAsyncEvent {
+            element,
+            event_type,
+            _pad: 0,
+        })
+    };
+    0
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn bv_ibv_ack_async_event(_event: *mut IbvAsyncEvent) {}
+pub unsafe extern "C" fn bv_ibv_ack_async_event(event: *mut IbvAsyncEvent) {
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: an event ibv_get_async_event filled in; its object is live until the
+    // application destroys it, which it does after acknowledging its events.
+    unsafe {
+        let e = &*event;
+        match e.event_type {
+            IBV_EVENT_CQ_ERR if live::is(Kind::Cq, e.element) => {
+                let cq = e.element as *mut IbvCq;
+                (*cq).async_events_completed = (*cq).async_events_completed.wrapping_add(1);
+            }
+            IBV_EVENT_QP_FATAL if live::is(Kind::Qp, e.element) => {
+                let qp = e.element as *mut IbvQp;
+                (*qp).events_completed = (*qp).events_completed.wrapping_add(1);
+            }
+            _ => {}
+        }
+    }
+}

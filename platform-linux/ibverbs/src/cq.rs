@@ -13,8 +13,10 @@ use crate::abi::*;
 use crate::caps;
 use crate::channel::Channel;
 use crate::context::Ctx;
-use crate::errors::{fail, or_null};
+use crate::errors::{errno_rc, fail, or_null};
 use crate::handle::own;
+use crate::live::{self, Kind};
+use crate::rc_scatter::ScatterUsers;
 use crate::srq::SrqMembers;
 
 #[repr(C)]
@@ -25,7 +27,33 @@ pub(crate) struct Cq {
     events: AtomicU32,
     /// The QPs receiving into this CQ from an SRQ.
     pub srq_members: Arc<SrqMembers>,
+    /// The QPs receiving into this CQ with receive WRs of several SGEs.
+    pub scatter: ScatterUsers,
+    /// QPs completing into it (twice for a QP that sends and receives here):
+    /// ibv_destroy_cq is refused (EBUSY) while any is left.
+    users: AtomicU32,
     _engine: Arc<Context>,
+}
+
+impl Cq {
+    /// The CQ behind an application's pointer.
+    ///
+    /// # Safety
+    /// `cq` is a live CQ (its QPs keep it so: ibv_destroy_cq is refused while they live).
+    pub(crate) unsafe fn of<'a>(cq: *mut IbvCq) -> &'a Cq {
+        // SAFETY: the caller's contract; `ibv` is the first field.
+        unsafe { &*(cq as *const Cq) }
+    }
+
+    /// A QP completes into this CQ.
+    pub(crate) fn hold(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A QP that completed into this CQ is gone.
+    pub(crate) fn release(&self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 #[no_mangle]
@@ -49,9 +77,13 @@ unsafe fn create_cq(
     channel: *mut IbvCompChannel,
     comp_vector: c_int,
 ) -> Result<*mut IbvCq, c_int> {
-    // SAFETY: the caller passes an open context.
+    live::check(Kind::Ctx, ctx, "create_cq")?;
+    // SAFETY: a live context.
     let c = unsafe { Ctx::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
-    let max = caps::capacity().cq_depth as c_int;
+    if !channel.is_null() {
+        live::check(Kind::Channel, channel, "create_cq")?;
+    }
+    let max = caps::MAX_CQE as c_int;
     if !(1..=max).contains(&cqe) || comp_vector != 0 {
         log::error!(
             "create_cq: cqe {cqe} (1..={max}) or comp_vector {comp_vector} (0) out of range"
@@ -59,7 +91,7 @@ unsafe fn create_cq(
         return Err(libc::EINVAL);
     }
     let engine = c.engine()?;
-    let cq = engine.create_cq().map_err(fail)?;
+    let cq = engine.create_cq_sized(cqe as u32).map_err(fail)?;
     let b = Box::into_raw(Box::new(Cq {
         ibv: IbvCq {
             context: ctx,
@@ -75,8 +107,11 @@ unsafe fn create_cq(
         cq,
         events: AtomicU32::new(0),
         srq_members: Arc::default(),
+        scatter: ScatterUsers::default(),
+        users: AtomicU32::new(0),
         _engine: engine,
     }));
+    live::add(Kind::Cq, b, ctx);
     if !channel.is_null() {
         // SAFETY: a channel from ibv_create_comp_channel; it outlives its CQs (destroying it
         // is refused while refcnt > 0).
@@ -101,10 +136,25 @@ unsafe fn create_cq(
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
-    if cq.is_null() {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_destroy_cq(cq) })
+}
+
+/// The work of [`bv_ibv_destroy_cq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
+    if !live::take(Kind::Cq, cq) {
+        log::error!("destroy_cq: {cq:p} is not a live CQ (destroyed already?)");
         return libc::EINVAL;
     }
-    // SAFETY: made by ibv_create_cq; the caller gives it up (its QPs are destroyed).
+    // SAFETY: a live CQ (just checked).
+    let users = unsafe { Cq::of(cq) }.users.load(Ordering::Acquire);
+    if users > 0 {
+        // SAFETY: as above; still live.
+        live::add(Kind::Cq, cq, unsafe { (*cq).context });
+        log::error!("destroy_cq: QPs still complete into the CQ");
+        return libc::EBUSY;
+    }
+    // SAFETY: made by ibv_create_cq; the caller gives it up and no QP uses it.
     let b = unsafe { Box::from_raw(cq as *mut Cq) };
     if !b.ibv.channel.is_null() {
         // SAFETY: the channel outlives its CQs.
@@ -115,14 +165,26 @@ pub unsafe extern "C" fn bv_ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
-    // SAFETY: the caller passes a live CQ.
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_resize_cq(cq, cqe) })
+}
+
+/// The work of [`bv_ibv_resize_cq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
+    if let Err(e) = live::check(Kind::Cq, cq, "resize_cq") {
+        return e;
+    }
+    // SAFETY: a live CQ.
     let Some(c) = (unsafe { own::<Cq, _>(cq) }) else {
         return libc::EINVAL;
     };
-    // Every CQ already has the device's full depth.
-    let max = caps::capacity().cq_depth as c_int;
+    let max = caps::MAX_CQE as c_int;
     if !(1..=max).contains(&cqe) {
+        log::error!("resize_cq: cqe {cqe} out of range (1..={max})");
         return libc::EINVAL;
+    }
+    if let Err(e) = c.cq.resize(cqe as u32) {
+        return fail(e);
     }
     // SAFETY: `cqe` is the application-visible size; no one else writes it.
     unsafe { (*(c as *const Cq as *mut Cq)).ibv.cqe = cqe };
@@ -131,6 +193,16 @@ pub unsafe extern "C" fn bv_ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_get_cq_event(
+    ch: *mut IbvCompChannel,
+    cq: *mut *mut IbvCq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_get_cq_event(ch, cq, cq_context) })
+}
+
+/// The work of [`bv_ibv_get_cq_event`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_get_cq_event(
     ch: *mut IbvCompChannel,
     cq: *mut *mut IbvCq,
     cq_context: *mut *mut c_void,

@@ -11,9 +11,11 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
-/// The errno for an engine error.
+/// The errno for an engine error: what rdma-core's verbs return for the same failure
+/// (EFAULT for memory the kernel could not pin, ENOMEM for a full table or queue).
 pub(crate) fn errno_of(e: &bluerdma_linux::verbs::Error) -> c_int {
     use bluerdma_core::engine::VerbsError as V;
+    use bluerdma_core::platform::PlatformError as P;
     match e.kind {
         V::InvalidArgument { .. }
         | V::Attribute(_)
@@ -26,14 +28,27 @@ pub(crate) fn errno_of(e: &bluerdma_linux::verbs::Error) -> c_int {
         V::OutOfResources { .. } | V::SendQueueFull => libc::ENOMEM,
         V::Busy { .. } => libc::EBUSY,
         V::Unsupported { .. } => libc::EOPNOTSUPP,
-        V::CommandTimeout { .. } | V::CommandFailed { .. } | V::Platform(_) => libc::EIO,
+        V::CommandTimeout { .. } => libc::ETIMEDOUT,
+        V::CommandFailed { .. } => libc::EIO,
+        V::Platform(p) => match p {
+            P::NotMapped { .. } | P::ReadOnly { .. } => libc::EFAULT,
+            P::OutOfMemory { .. } | P::PinFailed { .. } => libc::ENOMEM,
+            P::NotPermitted => libc::EPERM,
+            P::Disconnected { .. } => libc::ENOTCONN,
+            P::WouldBlock => libc::EAGAIN,
+            P::Unsupported => libc::EOPNOTSUPP,
+            P::Os(e) if e > 0 => e,
+            P::Os(_) => libc::EIO,
+        },
     }
 }
 
-/// Logs `e` and returns its errno.
+/// Logs `e`, sets errno and returns it.
 pub(crate) fn fail(e: bluerdma_linux::verbs::Error) -> c_int {
     log::error!("{e}");
-    errno_of(&e)
+    let errno = errno_of(&e);
+    set_errno(errno);
+    errno
 }
 
 /// Reports a failed object-creating verb: errno set, NULL returned.
@@ -56,4 +71,13 @@ pub(crate) unsafe fn set_bad<T>(bad: *mut *mut T, wr: *mut T) {
         // SAFETY: the caller's contract.
         unsafe { *bad = wr };
     }
+}
+
+/// The result of a verb that returns an errno: a failure also sets `errno`, as
+/// rdma-core's verbs do (their commands fail in the kernel, which sets it).
+pub(crate) fn errno_rc(rc: c_int) -> c_int {
+    if rc > 0 {
+        set_errno(rc);
+    }
+    rc
 }

@@ -32,8 +32,11 @@
 //!    - `errors`: errno, the engine error -> errno map, NULL and `bad_wr` reporting.
 //!    - `logging`: the stderr logger (`BLUERDMA_LOG`).
 //!    - `handle`: verb objects are boxes whose first field is the `ibv_*` structure.
+//!    - `live`: the objects handed out and not taken back (stale pointers are refused,
+//!      ibv_close_device destroys what a context left).
 //!    - `sge`: reading scatter/gather lists and copying their bytes.
 //!    - `caps`: the device's limits, reported and enforced.
+//!    - `av`: address vectors: the peer they name, and the seed driver's habits.
 //!    - `names`: the `*_str` verbs and the static rate conversions.
 //!    - `stubs`: the exported verbs this library does not implement (build.rs lists them).
 //! 2. The device table:
@@ -45,11 +48,13 @@
 //!    - `mr`: memory regions (and the fork verbs).
 //!    - `channel`: completion channels.
 //!    - `srq`: shared receive queues: the pool, the QPs it feeds, the SRQ verbs.
+//!    - `rc_scatter`: RC receive WRs of several SGEs, through a bounce ring.
 //!    - `cq`: completion queues and their channel events.
 //!    - `qp_base`: what RC and UD QPs share (type, CQs, initial `ibv_qp`).
 //!    - `rc_rings`: an RC QP's inline and gather rings.
 //!    - `rc_qp`: RC QPs: create, modify, query (the one reader of the engine's QP query).
 //!    - `ah`: address handles.
+//!    - `ud_reassembly`: UD datagrams of several frames put back together.
 //!    - `ud_rx`: the UD receive side: the per-engine frame dispatcher, a QP's receive queue.
 //!    - `ud_qp`: UD QPs: create, modify, query.
 //! 4. The post and poll paths:
@@ -59,6 +64,8 @@
 //!    - `poll`: ibv_poll_cq and ibv_req_notify_cq.
 //! 5. The entries that choose between RC and UD:
 //!    - `qp`: the QP verbs (create, destroy, modify, query).
+//!    - `async_events`: the engine's events, to the async file of the context that owns
+//!      the object.
 //!    - `ops`: ibv_open_device / ibv_close_device and the context's function tables.
 
 // Exported functions take raw pointers from C callers; each documents its contract in the
@@ -67,9 +74,11 @@
 
 // 1. The C ABI and how a verb fails.
 pub mod abi;
+mod av;
 mod caps;
 mod errors;
 mod handle;
+mod live;
 mod logging;
 mod names;
 mod sge;
@@ -87,8 +96,10 @@ mod pd;
 mod qp_base;
 mod rc_qp;
 mod rc_rings;
+mod rc_scatter;
 mod srq;
 mod ud_qp;
+mod ud_reassembly;
 mod ud_rx;
 // 4. The post and poll paths.
 mod poll;
@@ -96,6 +107,7 @@ mod rc_post;
 mod srq_post;
 mod ud_post;
 // 5. The entries that choose between RC and UD.
+mod async_events;
 mod ops;
 mod qp;
 

@@ -7,8 +7,9 @@ use bluerdma_core::desc::AccessFlags;
 use bluerdma_linux::verbs::Mr as VMr;
 
 use crate::abi::*;
-use crate::errors::{fail, or_null};
+use crate::errors::{errno_rc, fail, or_null};
 use crate::handle::{free, own};
+use crate::live::{self, Kind};
 use crate::pd::{MrEntry, Pd};
 
 #[repr(C)]
@@ -19,9 +20,10 @@ struct Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: the PD outlives its MRs (ibv_dealloc_pd with MRs left is the
-        // application's error, as with the real library).
-        unsafe { Pd::of(self.ibv.pd) }.remove_mr(self.ibv.lkey);
+        // SAFETY: the PD outlives its MRs (ibv_dealloc_pd is refused while they live).
+        let pd = unsafe { Pd::of(self.ibv.pd) };
+        pd.remove_mr(self.ibv.lkey);
+        pd.release();
     }
 }
 
@@ -29,8 +31,21 @@ impl Drop for Mr {
 /// (IBV_ACCESS_RELAXED_ORDERING, which perftest always passes, is bit 20).
 const OPTIONAL_ACCESS: u32 = 0x3FF0_0000;
 
+/// IBV_ACCESS_MW_BIND, IBV_ACCESS_ZERO_BASED and IBV_ACCESS_ON_DEMAND: features this
+/// device does not have (EOPNOTSUPP, as a device without them answers).
+const UNSUPPORTED_ACCESS: u32 = (1 << 4) | (1 << 5) | (1 << 6);
+/// IBV_ACCESS_HUGETLB: a hint that the memory is huge pages; nothing to do with it.
+const HUGETLB_HINT: u32 = 1 << 7;
+
 fn mr_access(access: c_int) -> Result<AccessFlags, c_int> {
-    let bits = access as u32 & !OPTIONAL_ACCESS;
+    if access as u32 & UNSUPPORTED_ACCESS != 0 {
+        log::error!(
+            "reg_mr: access {access:#x} asks for memory windows, zero-based or on-demand \
+             regions, which this device does not support"
+        );
+        return Err(libc::EOPNOTSUPP);
+    }
+    let bits = access as u32 & !OPTIONAL_ACCESS & !HUGETLB_HINT;
     let supported = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
@@ -57,7 +72,8 @@ unsafe fn reg(
     iova: u64,
     access: c_int,
 ) -> Result<*mut IbvMr, c_int> {
-    // SAFETY: the caller passes a PD from ibv_alloc_pd.
+    live::check(Kind::Pd, pd, "reg_mr")?;
+    // SAFETY: a live PD.
     let p = unsafe { own::<Pd, _>(pd) }.ok_or(libc::EINVAL)?;
     if iova != addr as u64 {
         log::error!("reg_mr: an iova different from the address is not supported");
@@ -94,7 +110,10 @@ unsafe fn reg(
         },
         _mr: mr,
     });
-    Ok(Box::into_raw(b) as *mut IbvMr)
+    p.hold();
+    let m = Box::into_raw(b);
+    live::add(Kind::Mr, m, p.ibv.context);
+    Ok(m as *mut IbvMr)
 }
 
 #[no_mangle]
@@ -134,6 +153,16 @@ pub unsafe extern "C" fn bv_ibv_reg_mr_iova2(
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_dereg_mr(mr) })
+}
+
+/// The work of [`bv_ibv_dereg_mr`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+    if !live::take(Kind::Mr, mr) {
+        log::error!("dereg_mr: {mr:p} is not a live MR (deregistered already?)");
+        return libc::EINVAL;
+    }
     // SAFETY: made by ibv_reg_mr; dropping deregisters it in the card.
     unsafe { free::<Mr, _>(mr) }
 }

@@ -3,12 +3,22 @@
 //! jump through (post_send and post_recv choose the RC or UD path here; poll_cq,
 //! req_notify_cq and post_srq_recv have one), and `verbs_context.query_port`.
 
-use core::ffi::c_int;
+use core::ffi::{c_int, c_void};
 
 use crate::abi::*;
+use crate::ah::bv_ibv_destroy_ah;
+use crate::async_events;
+use crate::channel::bv_ibv_destroy_comp_channel;
 use crate::context::Ctx;
+use crate::cq::bv_ibv_destroy_cq;
+use crate::errors::errno_rc;
+use crate::live::{self, Kind};
 use crate::logging::init_log;
+use crate::mr::bv_ibv_dereg_mr;
+use crate::pd::bv_ibv_dealloc_pd;
+use crate::qp::bv_ibv_destroy_qp;
 use crate::qp_base::is_ud;
+use crate::srq::bv_ibv_destroy_srq;
 use crate::{poll, port, rc_post, srq_post, ud_post, ud_rx};
 
 /// The ibv_context ops every context carries.
@@ -33,27 +43,91 @@ fn ext_ops() -> [usize; ext::WORDS] {
 pub unsafe extern "C" fn bv_ibv_open_device(dev: *mut IbvDevice) -> *mut IbvContext {
     init_log();
     // SAFETY: a device pointer from the list, or NULL.
-    unsafe { Ctx::open(dev, context_ops(), ext_ops()) }
+    unsafe { Ctx::open(dev, context_ops(), ext_ops(), async_events::on_event) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_close_device(ctx: *mut IbvContext) -> c_int {
-    // SAFETY: the caller passes an open context and gives it up.
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_close_device(ctx) })
+}
+
+/// The work of [`bv_ibv_close_device`]: 0, or the errno it returns (and sets).
+///
+/// As with rdma-core (where closing the device's file makes the kernel destroy what the
+/// process left), the objects the context still holds are destroyed first, each before the
+/// ones it uses; then the last context of a device stops its card, its threads and its
+/// ports and frees its memory, so the next open in this process starts afresh.
+unsafe fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
+    if !live::take(Kind::Ctx, ctx) {
+        log::error!("close_device: {ctx:p} is not an open context (closed already?)");
+        return libc::EINVAL;
+    }
+    let left = live::children(ctx);
+    if !left.is_empty() {
+        log::warn!(
+            "close_device: the context still holds {} objects ({}); destroying them",
+            left.len(),
+            names(&left)
+        );
+    }
+    for (kind, obj) in left {
+        let p = obj as *mut c_void;
+        // SAFETY: live objects of this context, destroyed users first (a QP before its
+        // CQs, an MR before its PD), so none is refused as busy.
+        let rc = unsafe {
+            match kind {
+                Kind::Qp => bv_ibv_destroy_qp(p.cast()),
+                Kind::Srq => bv_ibv_destroy_srq(p.cast()),
+                Kind::Ah => bv_ibv_destroy_ah(p.cast()),
+                Kind::Mr => bv_ibv_dereg_mr(p.cast()),
+                Kind::Pd => bv_ibv_dealloc_pd(p.cast()),
+                Kind::Cq => bv_ibv_destroy_cq(p.cast()),
+                Kind::Channel => bv_ibv_destroy_comp_channel(p.cast()),
+                Kind::Ctx => 0,
+            }
+        };
+        if rc != 0 {
+            log::error!("close_device: destroying the {kind:?} at {p:p} failed ({rc})");
+        }
+    }
+    // SAFETY: an open context (it was live), which the caller gives up.
     let Some(c) = (unsafe { Ctx::take(ctx) }) else {
         return libc::EINVAL;
     };
     if let Some(e) = c.started_engine() {
         log::info!("bluerdma{} closed: {:?}", c.dev.index, e.stats());
         log::info!("bluerdma{} card: {}", c.dev.index, e.card_stats());
-        if let Some([malformed, no_qp, qkey, no_buffer]) = ud_rx::drops(&e) {
+        if let Some([malformed, no_qp, qkey, no_buffer, broken]) = ud_rx::drops(&e) {
             log::info!(
                 "bluerdma{} UD datagrams dropped: {malformed} malformed, {no_qp} for no ready \
-                 QP, {qkey} for a wrong Q_Key, {no_buffer} for no receive buffer",
+                 QP, {qkey} for a wrong Q_Key, {no_buffer} for no receive buffer, {broken} \
+                 missing a frame",
                 c.dev.index
             );
         }
     }
     0
+}
+
+/// "2 Qp, 1 Mr" for a log line.
+fn names(objs: &[(Kind, usize)]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for kind in [
+        Kind::Qp,
+        Kind::Srq,
+        Kind::Ah,
+        Kind::Mr,
+        Kind::Pd,
+        Kind::Cq,
+        Kind::Channel,
+    ] {
+        let n = objs.iter().filter(|(k, _)| *k == kind).count();
+        if n > 0 {
+            out.push(format!("{n} {kind:?}"));
+        }
+    }
+    out.join(", ")
 }
 
 /// `ibv_context_ops.post_send`.

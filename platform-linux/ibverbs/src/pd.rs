@@ -4,6 +4,7 @@
 
 use core::ffi::c_int;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bluerdma_core::desc::AccessFlags;
@@ -11,8 +12,9 @@ use bluerdma_linux::verbs::{Context, Mr as VMr, Pd as VPd};
 
 use crate::abi::*;
 use crate::context::Ctx;
-use crate::errors::{fail, or_null};
+use crate::errors::{errno_rc, fail, or_null};
 use crate::handle::free;
+use crate::live::{self, Kind};
 
 #[repr(C)]
 pub(crate) struct Pd {
@@ -21,6 +23,9 @@ pub(crate) struct Pd {
     pub engine: Arc<Context>,
     /// The PD's MRs by key, for SGE checks and READ sinks (see [`Pd::read_sink_key`]).
     mrs: Mutex<HashMap<u32, MrEntry>>,
+    /// MRs, QPs, SRQs and AHs made from it: ibv_dealloc_pd is refused (EBUSY) while any
+    /// is left.
+    users: AtomicU32,
 }
 
 /// What the library's transports need to know about a registered region.
@@ -35,6 +40,16 @@ pub(crate) struct MrEntry {
 }
 
 impl Pd {
+    /// An object made from this PD holds it.
+    pub(crate) fn hold(&self) {
+        self.users.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An object made from this PD is gone.
+    pub(crate) fn release(&self) {
+        self.users.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// The PD an object of it names.
     ///
     /// # Safety
@@ -115,7 +130,8 @@ pub unsafe extern "C" fn bv_ibv_alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
 /// # Safety
 /// `ctx` is NULL or an open context.
 unsafe fn alloc_pd(ctx: *mut IbvContext) -> Result<*mut IbvPd, c_int> {
-    // SAFETY: the caller passes an open context.
+    live::check(Kind::Ctx, ctx, "alloc_pd")?;
+    // SAFETY: a live context.
     let c = unsafe { Ctx::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
     let engine = c.engine()?;
     let pd = engine.alloc_pd().map_err(fail)?;
@@ -128,13 +144,33 @@ unsafe fn alloc_pd(ctx: *mut IbvContext) -> Result<*mut IbvPd, c_int> {
         pd,
         engine,
         mrs: Mutex::new(HashMap::new()),
+        users: AtomicU32::new(0),
     });
-    Ok(Box::into_raw(b) as *mut IbvPd)
+    let p = Box::into_raw(b);
+    live::add(Kind::Pd, p, ctx);
+    Ok(p as *mut IbvPd)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
-    // SAFETY: made by ibv_alloc_pd; the caller gives it up. The engine keeps the PD alive
-    // while MRs and QPs made from it exist (they hold clones).
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_dealloc_pd(pd) })
+}
+
+/// The work of [`bv_ibv_dealloc_pd`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+    if !live::take(Kind::Pd, pd) {
+        log::error!("dealloc_pd: {pd:p} is not a live PD (deallocated already?)");
+        return libc::EINVAL;
+    }
+    // SAFETY: a live PD (just checked).
+    let users = unsafe { Pd::of(pd) }.users.load(Ordering::Acquire);
+    if users > 0 {
+        // SAFETY: as above; still live.
+        live::add(Kind::Pd, pd, unsafe { (*pd).context });
+        log::error!("dealloc_pd: {users} MRs, QPs, SRQs or AHs still use the PD");
+        return libc::EBUSY;
+    }
+    // SAFETY: made by ibv_alloc_pd; the caller gives it up and nothing uses it.
     unsafe { free::<Pd, _>(pd) }
 }

@@ -58,6 +58,7 @@ pub(crate) unsafe extern "C" fn op_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut Ib
                 return -1;
             }
         };
+        c.scatter.completed(&mut buf[..k]);
         for (i, w) in buf[..k].iter().enumerate() {
             // SAFETY: the caller passes room for `n` completions.
             unsafe { wc.add(got + i).write(wc_of(w)) };

@@ -10,7 +10,7 @@ use crate::abi::*;
 use crate::caps::{self, GID_TABLE_LEN};
 use crate::context::Ctx;
 use crate::device::{fill, Device};
-use crate::errors::set_errno;
+use crate::errors::{errno_rc, set_errno};
 
 fn device_attr(d: &Device) -> IbvDeviceAttr {
     let cap = caps::capacity();
@@ -18,24 +18,27 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         fw_ver: [0; 64],
         node_guid: d.guid().to_be(),
         sys_image_guid: d.guid().to_be(),
-        max_mr_size: 1 << 40,
+        // The card's MR length field is 32 bits.
+        max_mr_size: u32::MAX as u64,
         page_size_cap: 0x1000 | 0x20_0000,
         // Xilinx's vendor id and a part id no tool knows: perftest then uses the classic
         // post path and no inline data (ibverbs-abi.md 3.2).
         vendor_id: 0x10ee,
         vendor_part_id: 0xb1e0,
         hw_ver: 1,
-        max_qp: cap.qps as c_int - 1,
-        max_qp_wr: cap.sq_depth as c_int,
+        max_qp: cap.qps as c_int,
+        max_qp_wr: caps::MAX_QP_WR as c_int,
         // IBV_DEVICE_RC_RNR_NAK_GEN.
         device_cap_flags: 1 << 12,
-        // Send requests: several SGEs (split or gathered by the library); receive WRs: one.
+        // Several SGEs both ways: split or gathered by the library on send, bounced on
+        // receive (one for receives from an SRQ: max_srq_sge).
         max_sge: caps::MAX_SGE as c_int,
         max_sge_rd: caps::MAX_SGE as c_int,
         max_cq: cap.cqs as c_int,
-        max_cqe: cap.cq_depth as c_int,
-        max_mr: cap.mrs as c_int,
-        max_pd: 1 << 16,
+        max_cqe: caps::MAX_CQE as c_int,
+        // MR table index 0 is the card's "no MR".
+        max_mr: cap.mrs as c_int - 1,
+        max_pd: caps::MAX_PD as c_int,
         max_qp_rd_atom: caps::MAX_RD_ATOM as c_int,
         max_ee_rd_atom: 0,
         max_res_rd_atom: caps::MAX_RD_ATOM as c_int * cap.qps as c_int,
@@ -53,7 +56,7 @@ fn device_attr(d: &Device) -> IbvDeviceAttr {
         max_ah: caps::MAX_AH,
         max_fmr: 0,
         max_map_per_fmr: 0,
-        max_srq: cap.qps as c_int,
+        max_srq: caps::MAX_SRQ as c_int,
         max_srq_wr: caps::MAX_SRQ_WR as c_int,
         max_srq_sge: 1,
         max_pkeys: 1,
@@ -73,6 +76,12 @@ pub unsafe extern "C" fn bv_ibv_query_device(
     ctx: *mut IbvContext,
     attr: *mut IbvDeviceAttr,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_device(ctx, attr) })
+}
+
+/// The work of [`bv_ibv_query_device`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_device(ctx: *mut IbvContext, attr: *mut IbvDeviceAttr) -> c_int {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { Ctx::from_ibv(ctx) }) else {
         return libc::EINVAL;
@@ -148,6 +157,12 @@ pub unsafe extern "C" fn bv_ibv_query_port(
     port: u8,
     attr: *mut IbvPortAttr,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_port(ctx, port, attr) })
+}
+
+/// The work of [`bv_ibv_query_port`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_port(ctx: *mut IbvContext, port: u8, attr: *mut IbvPortAttr) -> c_int {
     // SAFETY: the caller passes at least the 48-byte compat structure.
     unsafe { query_port(ctx, port, attr, COMPAT_PORT_ATTR_LEN) }
 }
@@ -166,7 +181,9 @@ pub(crate) unsafe extern "C" fn ext_query_port(
 
 /// The GID at `index` of the table (see [`GID_TABLE_LEN`]).
 fn gid_at(d: &Device, index: c_int) -> Option<[u8; 16]> {
-    matches!(index, 0 | 3).then(|| d.gid())
+    u32::try_from(index)
+        .is_ok_and(|i| caps::GID_INDEXES.contains(&i))
+        .then(|| d.gid())
 }
 
 #[no_mangle]
@@ -176,6 +193,12 @@ pub unsafe extern "C" fn bv_ibv_query_gid(
     index: c_int,
     gid: *mut [u8; 16],
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_gid(ctx, port, index, gid) })
+}
+
+/// The work of [`bv_ibv_query_gid`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_gid(ctx: *mut IbvContext, port: u8, index: c_int, gid: *mut [u8; 16]) -> c_int {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { Ctx::from_ibv(ctx) }) else {
         return -1;
@@ -196,6 +219,12 @@ pub unsafe extern "C" fn bv_ibv_query_gid_type(
     index: u32,
     ty: *mut c_int,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_gid_type(ctx, port, index, ty) })
+}
+
+/// The work of [`bv_ibv_query_gid_type`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_gid_type(ctx: *mut IbvContext, port: u8, index: u32, ty: *mut c_int) -> c_int {
     // SAFETY: the caller passes an open context.
     let Some(c) = (unsafe { Ctx::from_ibv(ctx) }) else {
         return libc::EINVAL;
@@ -279,6 +308,12 @@ pub unsafe extern "C" fn bv_ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_pkey(ctx, port, index, pkey) })
+}
+
+/// The work of [`bv_ibv_query_pkey`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_pkey(ctx: *mut IbvContext, port: u8, index: c_int, pkey: *mut u16) -> c_int {
     // SAFETY: the caller passes an open context.
     if unsafe { Ctx::from_ibv(ctx) }.is_none() || port != 1 || index != 0 || pkey.is_null() {
         return -1;

@@ -6,8 +6,10 @@ use core::ffi::{c_int, c_void};
 use bluerdma_core::qp::QpAttrMask;
 
 use crate::abi::*;
-use crate::errors::{null, or_null};
+use crate::cq::Cq;
+use crate::errors::{errno_rc, null, or_null};
 use crate::handle::{free, own};
+use crate::live::{self, Kind};
 use crate::pd::Pd;
 use crate::qp_base::is_ud;
 use crate::rc_qp::{self, Qp};
@@ -15,36 +17,76 @@ use crate::ud_qp;
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
-    // SAFETY: the caller passes a PD from ibv_alloc_pd.
+    // SAFETY: forwarded contract.
+    or_null(unsafe { create_qp(pd, attr) })
+}
+
+/// # Safety
+/// `pd` and the objects `attr` names are NULL or this library's.
+unsafe fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> Result<*mut IbvQp, c_int> {
+    live::check(Kind::Pd, pd, "create_qp")?;
+    // SAFETY: a live PD.
     let (Some(p), false) = ((unsafe { own::<Pd, _>(pd) }), attr.is_null()) else {
-        return null(libc::EINVAL);
+        return Err(libc::EINVAL);
     };
     // SAFETY: the caller passes an initialised ibv_qp_init_attr.
     let a = unsafe { &mut *attr };
-    match a.qp_type {
-        // SAFETY: `p` is `pd`; the CQs (and SRQ) are the caller's.
-        IBV_QPT_UD => or_null(unsafe { ud_qp::create(p, pd, a) }),
+    for cq in [a.send_cq, a.recv_cq].into_iter().filter(|c| !c.is_null()) {
+        live::check(Kind::Cq, cq, "create_qp")?;
+    }
+    if !a.srq.is_null() {
+        live::check(Kind::Srq, a.srq, "create_qp")?;
+    }
+    let qp = match a.qp_type {
+        // SAFETY: `p` is `pd`; the CQs (and SRQ) are live objects of this library.
+        IBV_QPT_UD => unsafe { ud_qp::create(p, pd, a) }?,
         // SAFETY: as above.
-        IBV_QPT_RC => or_null(unsafe { rc_qp::create(p, pd, a) }),
+        IBV_QPT_RC => unsafe { rc_qp::create(p, pd, a) }?,
         other => {
             log::error!("create_qp: QP type {other} is not supported (RC and UD only)");
-            null(libc::EOPNOTSUPP)
+            return Err(libc::EOPNOTSUPP);
         }
+    };
+    // The QP holds its PD and CQs until it is destroyed (they refuse to go before).
+    p.hold();
+    // SAFETY: both CQs are live (the create checked them).
+    unsafe {
+        Cq::of(a.send_cq).hold();
+        Cq::of(a.recv_cq).hold();
     }
+    live::add(Kind::Qp, qp, p.ibv.context);
+    Ok(qp)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
-    if qp.is_null() {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_destroy_qp(qp) })
+}
+
+/// The work of [`bv_ibv_destroy_qp`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
+    if !live::take(Kind::Qp, qp) {
+        log::error!("destroy_qp: {qp:p} is not a live QP (destroyed already?)");
         return libc::EINVAL;
     }
+    // SAFETY: a live QP (just checked): what it holds, read before it goes.
+    let (pd, scq, rcq) = unsafe { ((*qp).pd, (*qp).send_cq, (*qp).recv_cq) };
     // SAFETY: a live QP.
-    if unsafe { is_ud(qp) } {
+    let rc = if unsafe { is_ud(qp) } {
         // SAFETY: a UD QP the caller gives up.
-        return unsafe { ud_qp::destroy(qp) };
+        unsafe { ud_qp::destroy(qp) }
+    } else {
+        // SAFETY: made by ibv_create_qp; the caller gives it up.
+        unsafe { free::<Qp, _>(qp) }
+    };
+    // SAFETY: a QP's PD and CQs outlive it (they refuse to go while it lives).
+    unsafe {
+        Pd::of(pd).release();
+        Cq::of(scq).release();
+        Cq::of(rcq).release();
     }
-    // SAFETY: made by ibv_create_qp; the caller gives it up.
-    unsafe { free::<Qp, _>(qp) }
+    rc
 }
 
 #[no_mangle]
@@ -53,7 +95,16 @@ pub unsafe extern "C" fn bv_ibv_modify_qp(
     attr: *mut IbvQpAttr,
     mask: c_int,
 ) -> c_int {
-    if qp.is_null() || attr.is_null() {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_modify_qp(qp, attr, mask) })
+}
+
+/// The work of [`bv_ibv_modify_qp`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
+    if let Err(e) = live::check(Kind::Qp, qp, "modify_qp") {
+        return e;
+    }
+    if attr.is_null() {
         return libc::EINVAL;
     }
     // SAFETY: the caller passes an ibv_qp_attr.
@@ -76,7 +127,21 @@ pub unsafe extern "C" fn bv_ibv_query_qp(
     _mask: c_int,
     init: *mut IbvQpInitAttr,
 ) -> c_int {
-    if qp.is_null() || attr.is_null() || init.is_null() {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_qp(qp, attr, _mask, init) })
+}
+
+/// The work of [`bv_ibv_query_qp`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_qp(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    _mask: c_int,
+    init: *mut IbvQpInitAttr,
+) -> c_int {
+    if let Err(e) = live::check(Kind::Qp, qp, "query_qp") {
+        return e;
+    }
+    if attr.is_null() || init.is_null() {
         return libc::EINVAL;
     }
     // SAFETY: the caller passes a live QP.
@@ -87,6 +152,17 @@ pub unsafe extern "C" fn bv_ibv_query_qp(
         // SAFETY: as above.
         unsafe { rc_qp::query(qp, attr, init) }
     }
+}
+
+/// Whether data of `op` arrives in order on `qp`: 0, no guarantee (rdma-core's answer for a
+/// device that does not say; a retransmission may write a buffer again).
+#[no_mangle]
+pub unsafe extern "C" fn bv_ibv_query_qp_data_in_order(
+    _qp: *mut IbvQp,
+    _op: u32,
+    _flags: u32,
+) -> c_int {
+    0
 }
 
 #[no_mangle]

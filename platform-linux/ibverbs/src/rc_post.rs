@@ -24,11 +24,9 @@ use crate::errors::{fail, set_bad};
 use crate::handle::own;
 use crate::pd::Pd;
 use crate::rc_qp::Qp;
-use crate::rc_rings::PostState;
+use crate::rc_rings::{PostState, BATCH};
+use crate::rc_scatter::QpScatter;
 use crate::sge;
-
-/// Engine requests per engine call (one doorbell per batch).
-const BATCH: usize = 32;
 
 /// The engine requests of one application request, appended to `out`.
 ///
@@ -246,6 +244,8 @@ pub(crate) unsafe fn post_recv(
         lkey: MrKey::from_raw(0),
     }; BATCH];
     let mut ptrs = [ptr::null_mut::<IbvRecvWr>(); BATCH];
+    let mut bounced = [false; BATCH];
+    let mut scatter = q.scatter.lock().unwrap_or_else(|e| e.into_inner());
     while !wr.is_null() {
         let mut n = 0;
         let mut error = None;
@@ -253,7 +253,8 @@ pub(crate) unsafe fn post_recv(
             // SAFETY: a list of valid requests, by the caller's contract.
             let w = unsafe { &*wr };
             // SAFETY: as above.
-            batch[n] = match unsafe { sge::recv_wr(w, "post_recv") } {
+            let r = unsafe { recv_wr(q, &mut scatter, w) };
+            (batch[n], bounced[n]) = match r {
                 Ok(r) => r,
                 Err(e) => {
                     error = Some((wr, e));
@@ -266,6 +267,9 @@ pub(crate) unsafe fn post_recv(
         }
         // SAFETY: the verbs contract: buffers belong to the requests until completion.
         if let Err((k, e)) = unsafe { q.qp.post_recv(&batch[..n]) } {
+            for _ in bounced[k..n].iter().filter(|b| **b) {
+                scatter.unstage();
+            }
             // SAFETY: the caller's bad_wr slot.
             unsafe { set_bad(bad, ptrs[k]) };
             return fail(e);
@@ -277,6 +281,39 @@ pub(crate) unsafe fn post_recv(
         }
     }
     0
+}
+
+/// The engine's receive WR for `w`, and whether it is bounced (several SGEs: staged in the
+/// QP's bounce ring, `rc_scatter.rs`).
+///
+/// # Safety
+/// `w.sg_list` holds `w.num_sge` readable entries.
+unsafe fn recv_wr(q: &Qp, scatter: &mut QpScatter, w: &IbvRecvWr) -> Result<(RecvWr, bool), c_int> {
+    let n = w.num_sge.max(0) as usize;
+    if n <= 1 {
+        // SAFETY: the caller's contract.
+        return Ok((unsafe { sge::recv_wr(w, "post_recv") }?, false));
+    }
+    if n > q.cap.max_recv_sge as usize || w.sg_list.is_null() {
+        log::error!(
+            "post_recv: {n} SGEs (the QP was made for {})",
+            q.cap.max_recv_sge
+        );
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract (checked non-null above).
+    let sges = unsafe { sge::list(w.sg_list, n) };
+    // SAFETY: a QP's PD lives as long as the QP.
+    let pd = unsafe { Pd::of(q.ibv.pd) };
+    if let Some(k) = (0..n).find(|&k| !pd.covers(sges[k].lkey, sges[k].addr, sges[k].length, true))
+    {
+        log::error!(
+            "post_recv: SGE {k} is outside a region of lkey {:#x} with local write",
+            sges[k].lkey
+        );
+        return Err(libc::EINVAL);
+    }
+    Ok((scatter.stage(pd, w.wr_id, sges)?, true))
 }
 
 // The engine's request type must stay cheap to build per post.

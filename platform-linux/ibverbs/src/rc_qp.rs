@@ -5,16 +5,19 @@
 use core::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
+use bluerdma_core::engine::{QpCaps, READ_RESPONSE_ROOM};
 use bluerdma_core::qp::{Gid, QpAttrMask, QpState, RawQpAttr};
 use bluerdma_linux::verbs::Qp as VQp;
 
 use crate::abi::*;
+use crate::av;
 use crate::caps::{self, MAX_INLINE, MAX_SGE};
 use crate::errors::fail;
 use crate::handle::own;
 use crate::pd::Pd;
 use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
 use crate::rc_rings::PostState;
+use crate::rc_scatter::QpScatter;
 use crate::srq::{Srq, SrqLink};
 
 #[repr(C)]
@@ -28,6 +31,8 @@ pub(crate) struct Qp {
     pub(crate) post: Mutex<PostState>,
     /// The shared receive queue this QP takes its receive WRs from.
     pub(crate) srq: Option<SrqLink>,
+    /// Its receive WRs of several SGEs, bounced (`rc_scatter.rs`).
+    pub(crate) scatter: Arc<Mutex<QpScatter>>,
 }
 
 impl Drop for Qp {
@@ -48,20 +53,21 @@ pub(crate) unsafe fn create(
     a: &mut IbvQpInitAttr,
 ) -> Result<*mut IbvQp, c_int> {
     // SAFETY: an SRQ from ibv_create_srq, or NULL.
-    let srq = unsafe { Srq::from_ibv(a.srq) }.map(|s| Arc::clone(&s.pool));
-    let sq = caps::capacity().sq_depth as u32;
+    let srq = unsafe { Srq::from_ibv(a.srq) };
+    let srq_wrs = srq.map(|s| s.max_wr);
+    let srq = srq.map(|s| Arc::clone(&s.pool));
     let cap = a.cap;
-    if cap.max_send_wr > sq
-        || cap.max_recv_wr > caps::MAX_RECV_WR
+    let max = caps::MAX_QP_WR;
+    if cap.max_send_wr > max
+        || cap.max_recv_wr > max
         || cap.max_send_sge > MAX_SGE as u32
-        || cap.max_recv_sge > 1
+        || cap.max_recv_sge > MAX_SGE as u32
+        || (srq.is_some() && cap.max_recv_sge > 1)
         || cap.max_inline_data > MAX_INLINE
     {
         log::error!(
-            "create_qp: {cap:?} exceeds the device (max_send_wr {sq}, max_recv_wr {}, {} send \
-             SGEs, 1 receive SGE, \
-             {} bytes of inline data)",
-            caps::MAX_RECV_WR,
+            "create_qp: {cap:?} exceeds the device (max_send_wr and max_recv_wr {max}, {} \
+             SGEs each way (1 for receives from an SRQ), {} bytes of inline data)",
             MAX_SGE,
             MAX_INLINE
         );
@@ -69,13 +75,24 @@ pub(crate) unsafe fn create(
     }
     // SAFETY: CQs from ibv_create_cq on this context, or NULL.
     let (scq, rcq) = unsafe { qp_cqs(a) }.ok_or(libc::EINVAL)?;
-    let qp = p.pd.create_qp(&scq.cq, &rcq.cq).map_err(fail)?;
+    // A WRITE or READ with several SGEs is one engine request per SGE: room for
+    // max_send_wr requests of max_send_sge each. An SRQ's QP may take every WR of its pool.
+    let engine_caps = QpCaps {
+        max_send_wr: cap.max_send_wr.max(1) * cap.max_send_sge.clamp(1, MAX_SGE as u32),
+        max_recv_wr: srq_wrs.unwrap_or(cap.max_recv_wr),
+        read_responses: READ_RESPONSE_ROOM,
+    };
+    let qp =
+        p.pd.create_qp_with(&scq.cq, &rcq.cq, engine_caps)
+            .map_err(fail)?;
     let qpn = qp.qpn().get();
+    // The queue sizes the application asked for are what it gets, and what ibv_query_qp
+    // says; inline data is the device's (at least what was asked).
     let cap = IbvQpCap {
-        max_send_wr: cap.max_send_wr.max(1),
-        max_recv_wr: cap.max_recv_wr.max(1),
-        max_send_sge: MAX_SGE as u32,
-        max_recv_sge: 1,
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge.max(1),
+        max_recv_sge: cap.max_recv_sge.max(1),
         max_inline_data: MAX_INLINE,
     };
     a.cap = cap;
@@ -84,9 +101,13 @@ pub(crate) unsafe fn create(
         qp,
         cap,
         sq_sig_all: a.sq_sig_all != 0,
-        post: Mutex::new(PostState::default()),
+        post: Mutex::new(PostState::new(engine_caps.max_send_wr)),
         srq: srq.map(|pool| SrqLink::new(pool, Arc::clone(&rcq.srq_members))),
+        scatter: Arc::default(),
     });
+    if b.cap.max_recv_sge > 1 {
+        rcq.scatter.register(qpn, &b.scatter);
+    }
     if let Some(srq) = &b.srq {
         // The box does not move: the pointer stays valid until Drop detaches it.
         srq.attach(qpn, &b.qp);
@@ -118,12 +139,18 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         );
         return libc::EINVAL;
     }
-    if mask.contains(QpAttrMask::AV) && a.ah_attr.is_global == 0 {
-        log::error!(
-            "modify_qp: the address vector has no GRH: on this RoCE device the peer is named by \
-             its GID (run ibv_rc_pingpong with -g 0)"
-        );
-        return libc::EINVAL;
+    let mut mask = mask;
+    let mut dgid = Gid(a.ah_attr.grh.dgid);
+    if mask.contains(QpAttrMask::AV) {
+        let to_rtr = mask.contains(QpAttrMask::STATE) && a.qp_state == QpState::Rtr.to_ibv();
+        if !to_rtr && av::ignorable_after_rtr(&a.ah_attr, "modify_qp") {
+            mask.remove(QpAttrMask::AV);
+        } else {
+            match av::peer(&a.ah_attr, "modify_qp") {
+                Ok(ip) => dgid = Gid::from_ipv4(ip),
+                Err(e) => return e,
+            }
+        }
     }
     if mask.contains(QpAttrMask::CAP) {
         log::error!("modify_qp: changing the QP's capabilities is not supported");
@@ -137,7 +164,7 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         rq_psn: a.rq_psn,
         sq_psn: a.sq_psn,
         qp_access_flags: a.qp_access_flags,
-        dgid: Gid(a.ah_attr.grh.dgid),
+        dgid,
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
@@ -154,6 +181,7 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         }
         if a.qp_state == QpState::Reset.to_ibv() {
             q.post.lock().unwrap_or_else(|e| e.into_inner()).reset();
+            q.scatter.lock().unwrap_or_else(|e| e.into_inner()).reset();
         }
     }
     0

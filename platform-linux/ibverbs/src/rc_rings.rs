@@ -3,8 +3,9 @@
 //! the count of engine requests posted that their reuse is measured against.
 //!
 //! Buffers in both rings are reused only after the engine says the request that used them
-//! left the send queue (`Qp::sq_retired`); the inline ring reuses a slot only 2 x sq_depth
-//! posts later, which the send queue's size guarantees.
+//! left the send queue (`Qp::sq_retired`); the inline ring reuses a slot only after as many
+//! inline posts as the QP's send queue holds and one batch more, so the request that used
+//! it has left the queue.
 
 use core::ffi::c_int;
 use std::collections::VecDeque;
@@ -13,17 +14,21 @@ use bluerdma_core::desc::AccessFlags;
 use bluerdma_core::engine::SendWr;
 use bluerdma_linux::verbs::{Mr as VMr, Qp as VQp};
 
-use crate::caps::{self, MAX_INLINE};
+use crate::caps::MAX_INLINE;
 use crate::errors::fail;
 use crate::pd::Pd;
+
+/// Engine requests the post path hands the engine per call (one doorbell per batch).
+pub(crate) const BATCH: usize = 32;
 
 /// Bytes of a QP's gather ring (registered on first use).
 const GATHER_BYTES: usize = 4 << 20;
 
 /// Per-QP state of the send path (behind the QP's post lock).
-#[derive(Default)]
 pub(crate) struct PostState {
     inline: Option<VMr>,
+    /// Slots of the inline ring.
+    inline_slots: u64,
     /// Inline requests posted (slot = count mod slots).
     pub(crate) inline_next: u64,
     gather: Option<VMr>,
@@ -41,6 +46,21 @@ pub(crate) struct PostState {
 }
 
 impl PostState {
+    /// The state of a QP whose send queue holds `sq_depth` engine requests.
+    pub(crate) fn new(sq_depth: u32) -> Self {
+        PostState {
+            inline: None,
+            inline_slots: sq_depth as u64 + 2 * BATCH as u64,
+            inline_next: 0,
+            gather: None,
+            gather_head: 0,
+            gather_live: VecDeque::new(),
+            posted: 0,
+            wrs: Vec::new(),
+            owner: Vec::new(),
+        }
+    }
+
     /// A QP moved to RESET: the engine's counts start again.
     pub(crate) fn reset(&mut self) {
         self.inline_next = 0;
@@ -56,7 +76,7 @@ impl PostState {
         pd: &Pd,
         used: u64,
     ) -> Result<(u64, u32, &mut [u8]), c_int> {
-        let slots = 2 * caps::capacity().sq_depth as u64;
+        let slots = self.inline_slots;
         if self.inline.is_none() {
             let len = (slots * MAX_INLINE as u64) as usize;
             self.inline = Some(

@@ -2,16 +2,19 @@
 //!
 //! The card has no receive queue at all: a receive WR is announced to the peer over the
 //! out-of-band channel, and the peer's SEND writes into it (issue D). So a WR must belong
-//! to one QP before its buffer can be used, and an SRQ is a pool that hands WRs to the QPs
-//! attached to it:
-//! - each attached QP keeps up to [`SHARE`] WRs of the pool posted (announced to its peer);
-//! - every receive completion a poll returns for such a QP hands it the next WR of the pool,
-//!   announced at once, so a sender that keeps within its share never waits, and one that
-//!   bursts past it waits at most one out-of-band round trip while the pool has WRs;
-//! - `ibv_post_srq_recv` tops up QPs below their share first, then keeps the rest in the
-//!   pool; with the pool empty, a SEND waits under the RNR rules (min_rnr_timer, rnr_retry)
-//!   as on any QP without a receive WR;
-//! - a QP attached before it can take receive WRs (RESET) is topped up by modify_qp.
+//! to one QP before its buffer can be used, and it cannot be taken back once announced: an
+//! SRQ is a pool that hands WRs to the QPs attached to it, fairly, so that no QP starves
+//! while the pool has WRs (a starved QP's peer would wait for a buffer forever, and with it
+//! every QP whose WRs wait on that peer: ibv_srq_pingpong -q 64 did):
+//! - each attached QP is owed a share: the SRQ's WRs divided among its QPs, at least 1 and
+//!   at most [`SHARE`];
+//! - WRs of the pool always go to the QP that holds the fewest (below its share) first, so
+//!   a QP that holds none gets the next one;
+//! - every receive completion a poll returns frees a place: the pool's next WR goes out at
+//!   once (announced), and `ibv_post_srq_recv` hands out what it adds the same way; with
+//!   the pool empty, a SEND waits under the RNR rules (min_rnr_timer, rnr_retry) as on any
+//!   QP without a receive WR;
+//! - a QP attached before it can take receive WRs (RESET) is served by modify_qp.
 //!
 //! WRs handed to a QP stay with it: when the QP is destroyed they are flushed with it
 //! (WR_FLUSH_ERR on its CQ) instead of returning to the pool.
@@ -27,12 +30,14 @@ use bluerdma_core::engine::{RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use bluerdma_linux::verbs::Qp as VQp;
 
 use crate::abi::*;
-use crate::caps::MAX_SRQ_WR;
-use crate::context::Ctx;
-use crate::errors::null;
+use crate::caps::{MAX_SRQ, MAX_SRQ_WR};
+use crate::errors::{errno_rc, null};
 use crate::handle::free;
+use crate::live::{self, Kind};
+use crate::pd::Pd;
 
-/// Receive WRs of the pool each attached QP keeps posted.
+/// Receive WRs of the pool an attached QP holds at most (fewer when the SRQ's WRs do not
+/// go round).
 const SHARE: u32 = 16;
 
 /// A QP attached to an SRQ.
@@ -63,32 +68,53 @@ unsafe impl Send for SrqPool {}
 // SAFETY: as above; all access goes through the mutex.
 unsafe impl Sync for SrqPool {}
 
+impl State {
+    /// What each member is owed: the SRQ's WRs (pooled and posted) over its members, at
+    /// least 1, at most [`SHARE`].
+    fn share(&self) -> u32 {
+        let live = self.members.values().filter(|m| !m.failed).count().max(1) as u32;
+        let posted: u32 = self.members.values().map(|m| m.posted).sum();
+        ((self.pool.len() as u32 + posted) / live).clamp(1, SHARE)
+    }
+
+    /// Hands pool WRs out, one at a time to the member that holds the fewest below its
+    /// share, until the pool is empty or every member holds its share. A member that
+    /// cannot take one now (RESET, or its queue is full) is skipped this time.
+    fn distribute(&mut self) {
+        let share = self.share();
+        let mut skip: Vec<u32> = Vec::new();
+        while !self.pool.is_empty() {
+            let neediest = self
+                .members
+                .iter()
+                .filter(|(q, m)| !m.failed && m.posted < share && !skip.contains(q))
+                .min_by_key(|(q, m)| (m.posted, **q))
+                .map(|(q, _)| *q);
+            let Some(qpn) = neediest else { break };
+            let Some(wr) = self.pool.pop_front() else {
+                break;
+            };
+            let Some(m) = self.members.get_mut(&qpn) else {
+                break;
+            };
+            // SAFETY: members hold live QPs (see the Send impl); the WR's buffer belongs to
+            // the request until its completion (the verbs contract of post_srq_recv).
+            if unsafe { (*m.qp).post_recv(&[wr]) }.is_ok() {
+                m.posted += 1;
+            } else {
+                self.pool.push_front(wr);
+                skip.push(qpn);
+            }
+        }
+    }
+}
+
 impl SrqPool {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Posts pool WRs to `qpn` until it holds its share or the pool is empty.
-    fn refill(state: &mut State, qpn: u32) {
-        let State { pool, members } = state;
-        let Some(m) = members.get_mut(&qpn) else {
-            return;
-        };
-        while m.posted < SHARE && !m.failed {
-            let Some(wr) = pool.pop_front() else { break };
-            // SAFETY: members hold live QPs (see the Send impl); the WR's buffer belongs to
-            // the request until its completion (the verbs contract of post_srq_recv).
-            let r = unsafe { (*m.qp).post_recv(&[wr]) };
-            if r.is_err() {
-                // Not accepting receive WRs yet (RESET) or full: keep the WR, try later.
-                pool.push_front(wr);
-                break;
-            }
-            m.posted += 1;
-        }
-    }
-
-    /// Attaches `qp` (number `qpn`) and gives it its share.
+    /// Attaches `qp` (number `qpn`); it gets WRs as the pool has them.
     fn attach(&self, qpn: u32, qp: *const VQp) {
         let mut s = self.lock();
         s.members.insert(
@@ -99,7 +125,7 @@ impl SrqPool {
                 failed: false,
             },
         );
-        Self::refill(&mut s, qpn);
+        s.distribute();
     }
 
     /// Detaches `qpn`; call before its QP is dropped.
@@ -108,8 +134,8 @@ impl SrqPool {
     }
 
     /// After modify_qp moved `qpn` to `state` (ibv_qp_state): RESET drops what it held (the
-    /// engine forgets its receive WRs), ERR stops handing it WRs, and any other state tops
-    /// it up (a QP leaving RESET can take WRs).
+    /// engine forgets its receive WRs), ERR stops handing it WRs, and any other state lets
+    /// it take WRs again (a QP leaving RESET can).
     fn state_changed(&self, qpn: u32, state: u32) {
         let mut s = self.lock();
         if let Some(m) = s.members.get_mut(&qpn) {
@@ -122,20 +148,18 @@ impl SrqPool {
                 _ => {}
             }
         }
-        Self::refill(&mut s, qpn);
+        s.distribute();
     }
 
-    /// A receive WR of `qpn` completed: hand it the next one if it completed well (a
-    /// flushed one means the QP is in ERR and would only flush the next too).
+    /// A receive WR of `qpn` completed: the pool's next WR goes to the neediest QP (a
+    /// flushed WR means the QP is in ERR and gets no more).
     fn consumed(&self, qpn: u32, ok: bool) {
         let mut s = self.lock();
         if let Some(m) = s.members.get_mut(&qpn) {
             m.posted = m.posted.saturating_sub(1);
             m.failed |= !ok;
         }
-        if ok {
-            Self::refill(&mut s, qpn);
-        }
+        s.distribute();
     }
 
     /// Whether QPs are attached (an SRQ with QPs cannot be destroyed).
@@ -162,12 +186,9 @@ impl PoolPost<'_> {
         Ok(())
     }
 
-    /// Tops up every attached QP from the pool (each up to its share).
+    /// Hands the pool's WRs to the attached QPs, the neediest first.
     pub(crate) fn refill_all(mut self) {
-        let qpns: Vec<u32> = self.0.members.keys().copied().collect();
-        for qpn in qpns {
-            SrqPool::refill(&mut self.0, qpn);
-        }
+        self.0.distribute();
     }
 }
 
@@ -252,15 +273,15 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
     pd: *mut IbvPd,
     init: *mut IbvSrqInitAttr,
 ) -> *mut IbvSrq {
-    if pd.is_null() || init.is_null() {
+    if live::check(Kind::Pd, pd, "create_srq").is_err() || init.is_null() {
         return null(libc::EINVAL);
     }
-    // SAFETY: the caller passes a PD and an initialised ibv_srq_init_attr.
+    if live::count(Kind::Srq) >= MAX_SRQ as usize {
+        log::error!("create_srq: {MAX_SRQ} SRQs exist (max_srq)");
+        return null(libc::ENOMEM);
+    }
+    // SAFETY: a live PD, and the caller's initialised ibv_srq_init_attr.
     let (ctx, a) = unsafe { ((*pd).context, &mut *init) };
-    // SAFETY: a PD's context is open.
-    if unsafe { Ctx::from_ibv(ctx) }.is_none() {
-        return null(libc::EINVAL);
-    }
     if a.attr.max_wr > MAX_SRQ_WR || a.attr.max_sge > 1 {
         log::error!(
             "create_srq: max_wr {} (<= {MAX_SRQ_WR}) or max_sge {} (1) out of range",
@@ -289,18 +310,35 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
         }),
         max_wr,
     });
-    Box::into_raw(b) as *mut IbvSrq
+    // SAFETY: a live PD.
+    unsafe { Pd::of(pd) }.hold();
+    let s = Box::into_raw(b);
+    live::add(Kind::Srq, s, ctx);
+    s as *mut IbvSrq
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
-    // SAFETY: the caller passes a live SRQ.
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_destroy_srq(srq) })
+}
+
+/// The work of [`bv_ibv_destroy_srq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
+    if let Err(e) = live::check(Kind::Srq, srq, "destroy_srq") {
+        return e;
+    }
+    // SAFETY: a live SRQ.
     let Some(s) = (unsafe { Srq::from_ibv(srq as *mut c_void) }) else {
         return libc::EINVAL;
     };
     if s.pool.has_members() {
+        log::error!("destroy_srq: QPs still take their receive WRs from it");
         return libc::EBUSY;
     }
+    live::take(Kind::Srq, srq);
+    // SAFETY: a live SRQ's PD outlives it (it refuses to go while the SRQ lives).
+    unsafe { Pd::of((*srq).pd) }.release();
     // SAFETY: made by ibv_create_srq; the caller gives it up.
     unsafe { free::<Srq, _>(srq) }
 }
@@ -311,6 +349,12 @@ pub unsafe extern "C" fn bv_ibv_modify_srq(
     attr: *mut IbvSrqAttr,
     mask: c_int,
 ) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_modify_srq(srq, attr, mask) })
+}
+
+/// The work of [`bv_ibv_modify_srq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_modify_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
     // SAFETY: the caller passes a live SRQ.
     if unsafe { Srq::from_ibv(srq as *mut c_void) }.is_none() || attr.is_null() {
         return libc::EINVAL;
@@ -325,6 +369,12 @@ pub unsafe extern "C" fn bv_ibv_modify_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
+    // SAFETY: the caller's contract, forwarded.
+    errno_rc(unsafe { ibv_query_srq(srq, attr) })
+}
+
+/// The work of [`bv_ibv_query_srq`]: 0, or the errno it returns (and sets).
+unsafe fn ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) -> c_int {
     // SAFETY: the caller passes a live SRQ.
     let Some(s) = (unsafe { Srq::from_ibv(srq as *mut c_void) }) else {
         return libc::EINVAL;

@@ -1,6 +1,7 @@
-//! The UD post paths. A UD SEND is one frame the driver builds (`bluerdma_core::wire::ud`:
-//! BTH 0x64/0x65, DETH, ICRC, UDP port 4792) and sends through the simple NIC; it
-//! completes when posted. A UD receive WR waits in the library for a datagram
+//! The UD post paths. A UD SEND is a frame the driver builds (`bluerdma_core::wire::ud`:
+//! BTH 0x64/0x65, DETH, ICRC, UDP port 4792) and sends through the simple NIC, or several
+//! (FIRST, MIDDLE, LAST) for a datagram longer than one frame's payload, up to the port's
+//! MTU; it completes when posted. A UD receive WR waits in the library for a datagram
 //! (`ud_rx.rs`).
 
 use core::ffi::c_int;
@@ -8,7 +9,9 @@ use std::sync::atomic::Ordering;
 
 use bluerdma_core::engine::{VerbsError, WcOpcode, WorkCompletion};
 use bluerdma_core::qp::QpState;
-use bluerdma_core::wire::ud::{Deth, UdFrame, DEFAULT_PKEY, UD_MAX_FRAME, UD_MAX_PAYLOAD};
+use bluerdma_core::wire::ud::{
+    Deth, UdFrame, UdPart, DEFAULT_PKEY, UD_MAX_DATAGRAM, UD_MAX_FRAME, UD_MAX_PAYLOAD,
+};
 use bluerdma_core::wire::MacAddr;
 
 use crate::abi::*;
@@ -24,8 +27,8 @@ use crate::ud_rx::Posted;
 /// How many times a send waits for a free simple-NIC TX slot before dropping the datagram.
 const SEND_TRIES: u32 = 10_000;
 
-/// Copies a send WR's payload (its SGEs, or its inline data) after the headers in `frame`;
-/// returns the payload length.
+/// Copies a send WR's payload (its SGEs, or its inline data) into `datagram`; returns the
+/// payload length.
 ///
 /// # Safety
 /// `wr`'s SGE list and, for inline data, the bytes it names are readable.
@@ -44,8 +47,8 @@ unsafe fn copy_payload(q: &UdQp, wr: &IbvSendWr, frame: &mut [u8]) -> Result<usi
     let mut len = 0usize;
     for (k, s) in sges.iter().enumerate() {
         len += s.length as usize;
-        if len > UD_MAX_PAYLOAD {
-            log::error!("post_send (UD): more than {UD_MAX_PAYLOAD} bytes (the UD MTU)");
+        if len > UD_MAX_DATAGRAM {
+            log::error!("post_send (UD): more than {UD_MAX_DATAGRAM} bytes (the port's MTU)");
             return Err(libc::EINVAL);
         }
         if !inline && !pd.covers(s.lkey, s.addr, s.length, false) {
@@ -89,7 +92,7 @@ unsafe fn send_one(q: &UdQp, wr: &IbvSendWr, psn: &mut u32) -> Result<(), c_int>
         qkey = q.shared.qkey.load(Ordering::Acquire);
     }
     let spec = q.engine.spec();
-    let f = UdFrame {
+    let mut f = UdFrame {
         src_mac: spec.mac,
         dst_mac: MacAddr::BROADCAST,
         src_ip: spec.ip,
@@ -103,31 +106,31 @@ unsafe fn send_one(q: &UdQp, wr: &IbvSendWr, psn: &mut u32) -> Result<(), c_int>
             qkey,
             src_qpn: q.shared.qpn,
         },
-        imm,
+        imm: None,
+        part: UdPart::Only,
     };
-    let mut frame = [0u8; UD_MAX_FRAME];
-    let h = f.header_len();
+    let mut datagram = [0u8; UD_MAX_DATAGRAM];
     // SAFETY: the caller's contract.
-    let len = unsafe { copy_payload(q, wr, &mut frame[h..])? };
-    let n = f.emit(&mut frame, len).map_err(|e| {
-        log::error!("post_send (UD): {e}");
-        libc::EINVAL
-    })?;
-    *psn = (*psn + 1) & 0xFF_FFFF;
-    let mut sent = false;
-    for _ in 0..SEND_TRIES {
-        match q.engine.send_raw(&frame[..n]) {
-            Ok(()) => {
-                sent = true;
-                break;
-            }
-            Err(e) if matches!(e.kind, VerbsError::Busy { .. }) => std::thread::yield_now(),
-            Err(e) => return Err(fail(e)),
+    let len = unsafe { copy_payload(q, wr, &mut datagram)? };
+    let pieces = len.div_ceil(UD_MAX_PAYLOAD).max(1);
+    let mut frame = [0u8; UD_MAX_FRAME];
+    for (k, piece) in datagram[..len.max(1)].chunks(UD_MAX_PAYLOAD).enumerate() {
+        let piece = &piece[..piece.len().min(len)];
+        f.part = UdPart::of(k, pieces);
+        f.imm = if f.part.ends() { imm } else { None };
+        f.psn = *psn;
+        let h = f.header_len();
+        frame[h..h + piece.len()].copy_from_slice(piece);
+        let n = f.emit(&mut frame, piece.len()).map_err(|e| {
+            log::error!("post_send (UD): {e}");
+            libc::EINVAL
+        })?;
+        *psn = (*psn + 1) & 0xFF_FFFF;
+        if !send_frame(q, &frame[..n])? {
+            // UD is unreliable: a datagram the card could not take in time is lost.
+            log::warn!("post_send (UD): the simple-NIC TX ring stayed full, datagram dropped");
+            break;
         }
-    }
-    if !sent {
-        // UD is unreliable: a datagram the card could not take in time is lost.
-        log::warn!("post_send (UD): the simple-NIC TX ring stayed full, datagram dropped");
     }
     if q.sq_sig_all || wr.send_flags & IBV_SEND_SIGNALED != 0 {
         q.scq.push(WorkCompletion {
@@ -139,6 +142,19 @@ unsafe fn send_one(q: &UdQp, wr: &IbvSendWr, psn: &mut u32) -> Result<(), c_int>
         });
     }
     Ok(())
+}
+
+/// Hands one frame to the simple NIC, waiting a little for a free TX slot; false if none
+/// came free.
+fn send_frame(q: &UdQp, frame: &[u8]) -> Result<bool, c_int> {
+    for _ in 0..SEND_TRIES {
+        match q.engine.send_raw(frame) {
+            Ok(()) => return Ok(true),
+            Err(e) if matches!(e.kind, VerbsError::Busy { .. }) => std::thread::yield_now(),
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    Ok(false)
 }
 
 /// ibv_post_send for a UD QP.

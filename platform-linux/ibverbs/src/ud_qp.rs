@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bluerdma_core::qp::{QpAttrMask, QpState};
-use bluerdma_core::wire::ud::UD_MAX_PAYLOAD;
+use bluerdma_core::wire::ud::UD_MAX_DATAGRAM;
 use bluerdma_linux::verbs::{Context, Cq as VCq};
 
 use crate::abi::*;
@@ -55,17 +55,17 @@ pub(crate) unsafe fn create(
     a: &mut IbvQpInitAttr,
 ) -> Result<*mut IbvQp, c_int> {
     let cap = a.cap;
-    let sq = caps::capacity().sq_depth as u32;
+    let sq = caps::MAX_QP_WR;
     if !a.srq.is_null()
         || cap.max_send_wr > sq
         || cap.max_recv_wr > MAX_RECV_WR
         || cap.max_send_sge > MAX_SGE
         || cap.max_recv_sge > MAX_SGE
-        || cap.max_inline_data as usize > UD_MAX_PAYLOAD
+        || cap.max_inline_data as usize > UD_MAX_DATAGRAM
     {
         log::error!(
             "create_qp (UD): {cap:?} exceeds the device (max_send_wr {sq}, max_recv_wr \
-             {MAX_RECV_WR}, {MAX_SGE} SGEs, {UD_MAX_PAYLOAD} bytes of inline data, no SRQ)"
+             {MAX_RECV_WR}, {MAX_SGE} SGEs, {UD_MAX_DATAGRAM} bytes of inline data, no SRQ)"
         );
         return Err(libc::EINVAL);
     }
@@ -77,6 +77,7 @@ pub(crate) unsafe fn create(
         state: AtomicU32::new(QpState::Reset.to_ibv()),
         qkey: AtomicU32::new(0),
         recv: Mutex::new(VecDeque::new()),
+        frags: Mutex::default(),
         rcq: rcq.cq.clone(),
     });
     let dispatch = dispatch_for(&p.engine);
@@ -185,12 +186,18 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
     q.shared.state.store(to.to_ibv(), Ordering::Release);
     match to {
         S::Err => q.shared.flush(),
-        S::Reset => q
-            .shared
-            .recv
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear(),
+        S::Reset => {
+            q.shared
+                .recv
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+            q.shared
+                .frags
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
         _ => {}
     }
     // SAFETY: `state` is ours to update; applications read it.
@@ -219,7 +226,7 @@ pub(crate) unsafe fn query(
         ptr::write_bytes(attr, 0, 1);
         out.qp_state = state;
         out.cur_qp_state = state;
-        out.path_mtu = IBV_MTU_1024;
+        out.path_mtu = IBV_MTU_4096;
         out.qkey = q.shared.qkey.load(Ordering::Acquire);
         out.sq_psn = *q.psn.lock().unwrap_or_else(|e| e.into_inner());
         out.cap = q.cap;

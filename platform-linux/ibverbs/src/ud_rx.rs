@@ -1,8 +1,8 @@
 //! The receive side of UD QPs: the card has no UD, so the progress thread hands every
 //! frame the card's classifier put on the simple-NIC RX ring to the device engine's
-//! [`Dispatch`], which checks it (ICRC, destination QP, Q_Key) and fills the QP's next
-//! receive buffer: the 40-byte GRH area first (the IPv4 header in its last 20 bytes), then
-//! the payload. A datagram that finds no QP, a wrong Q_Key or no receive buffer is dropped
+//! [`Dispatch`], which checks it (ICRC, destination QP, Q_Key), puts a datagram of several
+//! frames back together (`ud_reassembly.rs`) and fills the QP's next receive buffer: the
+//! 40-byte GRH area first (the IPv4 header in its last 20 bytes), then the payload. A datagram that finds no QP, a wrong Q_Key or no receive buffer is dropped
 //! and counted, as UD allows. Completions go to the same CQs as RC ones (`Cq::push`), so
 //! polls and completion channels see both.
 
@@ -18,6 +18,7 @@ use bluerdma_linux::verbs::{Context, Cq as VCq};
 
 use crate::abi::*;
 use crate::caps::UD_MAX_SGE;
+use crate::ud_reassembly::{Assembled, Reassembly};
 
 /// Counters of datagrams this process dropped, per device.
 #[derive(Default)]
@@ -30,6 +31,8 @@ struct Drops {
     qkey: AtomicU64,
     /// The QP had no receive buffer.
     no_buffer: AtomicU64,
+    /// A datagram of several frames missed one (lost or reordered on the way).
+    broken: AtomicU64,
 }
 
 /// The UD QPs of one device engine, by QPN; the engine's raw-frame handler.
@@ -84,7 +87,18 @@ impl Dispatch {
         let (Some(ip), Some(data)) = (frame.get(IPV4_RANGE), frame.get(payload)) else {
             return bump(&self.drops.malformed);
         };
-        match qp.deliver(&f, ip, data) {
+        let whole = match qp
+            .frags
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(&f, data)
+        {
+            Assembled::Whole => None,
+            Assembled::Complete(datagram) => Some(datagram),
+            Assembled::Incomplete => return,
+            Assembled::Broken => return bump(&self.drops.broken),
+        };
+        match qp.deliver(&f, ip, whole.as_deref().unwrap_or(data)) {
             Delivery::Done => {}
             Delivery::NotReady => bump(&self.drops.no_qp),
             Delivery::BadQkey => bump(&self.drops.qkey),
@@ -109,8 +123,9 @@ impl Dispatch {
     }
 }
 
-/// Datagrams dropped on receive, for the close log: malformed, no QP, Q_Key, no buffer.
-pub(crate) fn drops(engine: &Arc<Context>) -> Option<[u64; 4]> {
+/// Datagrams dropped on receive, for the close log: malformed, no QP, Q_Key, no buffer,
+/// missing a frame.
+pub(crate) fn drops(engine: &Arc<Context>) -> Option<[u64; 5]> {
     let all = DISPATCH.lock().unwrap_or_else(|e| e.into_inner());
     let (_, d) = all
         .iter()
@@ -121,6 +136,7 @@ pub(crate) fn drops(engine: &Arc<Context>) -> Option<[u64; 4]> {
         r(&d.drops.no_qp),
         r(&d.drops.qkey),
         r(&d.drops.no_buffer),
+        r(&d.drops.broken),
     ])
 }
 
@@ -140,6 +156,8 @@ pub(crate) struct UdShared {
     pub qkey: AtomicU32,
     /// Posted receive WRs, oldest first.
     pub recv: Mutex<VecDeque<Posted>>,
+    /// Datagrams of several frames in progress.
+    pub frags: Mutex<Reassembly>,
     pub rcq: VCq,
 }
 
@@ -185,6 +203,7 @@ impl UdShared {
             qp_num: self.qpn,
             src_qp: f.deth.src_qpn,
             wc_flags: IBV_WC_GRH | if f.imm.is_some() { WC_WITH_IMM } else { 0 },
+            ..WorkCompletion::EMPTY
         };
         if total > room {
             wc.status = WcStatus::LocLenErr;

@@ -72,8 +72,8 @@ unsafe impl DmaAllocator for DynDma {
 pub struct DynMem(pub Box<dyn MemoryResolver + Send>);
 
 impl MemoryResolver for DynMem {
-    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError> {
-        self.0.pin(va, len)
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError> {
+        self.0.pin(va, len, write)
     }
     fn unpin(&mut self, va: VirtAddr, len: usize) {
         self.0.unpin(va, len)

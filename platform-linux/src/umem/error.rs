@@ -30,6 +30,12 @@ pub enum UmemError {
         /// The first unmapped address.
         va: VirtAddr,
     },
+    /// The process may not write this address, and the registration lets the card write
+    /// the range.
+    ReadOnly {
+        /// The first read-only address.
+        va: VirtAddr,
+    },
     /// The page has no frame (never touched, or swapped out): it was not pinned.
     NotPresent {
         /// An address in the page.
@@ -101,6 +107,12 @@ impl fmt::Display for UmemError {
             UmemError::NotMapped { va } => {
                 write!(f, "address {:#x} is not mapped in this process", va.0)
             }
+            UmemError::ReadOnly { va } => write!(
+                f,
+                "address {:#x} is read-only in this process, and the registration lets the \
+                 card write it (LOCAL_WRITE, REMOTE_WRITE or REMOTE_ATOMIC)",
+                va.0
+            ),
             UmemError::NotPresent { va } => write!(
                 f,
                 "the page at {:#x} has no frame (not touched or swapped out); pin it first",
@@ -155,6 +167,7 @@ impl From<&UmemError> for PlatformError {
             UmemError::BadRange { va, .. } | UmemError::NotMapped { va } => {
                 PlatformError::NotMapped { va }
             }
+            UmemError::ReadOnly { va } => PlatformError::ReadOnly { va },
             UmemError::NotPresent { va } => PlatformError::NotMapped { va },
             UmemError::PfnHidden { .. } => PlatformError::NotPermitted,
             UmemError::NotContiguous { .. } => PlatformError::Unsupported,

@@ -28,7 +28,7 @@ mod vma;
 pub use error::UmemError;
 pub use pagemap::{base_page_size, Pagemap, PagemapEntry};
 pub use pin::{compaction_moves_locked_pages, CompactionPolicy, PinGuard, Stability};
-pub use vma::{backing, parse_maps, Backing, Vma};
+pub use vma::{backing, check_access, check_access_in, parse_maps, Backing, Vma};
 
 /// The emulated card's user-memory resolver (platform-sim): pinning enters the range into
 /// the emulated card's address map, translation is arithmetic.
@@ -332,7 +332,12 @@ impl HostUmem {
 }
 
 impl MemoryResolver for HostUmem {
-    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError> {
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError> {
+        // mlock takes read-only memory, and the kernel would refuse to pin it for a writable
+        // MR (EFAULT): so must we, before the card is told to write it.
+        if let Err(e) = vma::check_access(&self.paths, va, len as u64, write) {
+            return Err(self.note(e));
+        }
         match self.try_pin(va, len as u64) {
             Ok(_) => Ok(()),
             Err(e) => Err(self.note(e)),

@@ -1,7 +1,9 @@
 //! What backs a range of this process's memory, from `/proc/self/maps`.
 //!
-//! Registration needs two facts the page map does not give: whether the whole range is
-//! mapped, and whether it is hugetlb memory. Hugetlb pages are never moved by compaction
+//! Registration needs three facts the page map does not give: whether the whole range is
+//! mapped, whether the process may write it (the kernel's pinning refuses read-only memory
+//! for a registration that lets the card write, with EFAULT, and so does
+//! [`check_access`]), and whether it is hugetlb memory. Hugetlb pages are never moved by compaction
 //! and each is physically contiguous (at least 2 MiB on x86-64), so their frames can be
 //! read once per 2 MiB; any other memory must be read page by page and needs
 //! `vm.compact_unevictable_allowed=0` to stay put (issue E item 5).
@@ -14,6 +16,7 @@ use std::fs;
 use std::path::Path;
 
 use bluerdma_core::addr::VirtAddr;
+use bluerdma_core::platform::{check_mapped, MappedRange, PlatformError};
 
 use super::UmemError;
 use crate::paths::SystemPaths;
@@ -25,6 +28,10 @@ pub struct Vma {
     pub start: u64,
     /// One past the last byte.
     pub end: u64,
+    /// `r` in the permissions.
+    pub read: bool,
+    /// `w` in the permissions.
+    pub write: bool,
     /// The path column (empty for anonymous memory).
     pub path: String,
 }
@@ -38,9 +45,16 @@ pub fn parse_maps(text: &str) -> Vec<Vma> {
             let (s, e) = range.split_once('-')?;
             let start = u64::from_str_radix(s, 16).ok()?;
             let end = u64::from_str_radix(e, 16).ok()?;
-            // perms, offset, dev, inode, then the path after padding.
-            let path = cols.nth(4).unwrap_or("").trim().to_owned();
-            Some(Vma { start, end, path })
+            let perms = cols.next()?.as_bytes();
+            // offset, dev, inode, then the path after padding.
+            let path = cols.nth(3).unwrap_or("").trim().to_owned();
+            Some(Vma {
+                start,
+                end,
+                read: perms.first() == Some(&b'r'),
+                write: perms.get(1) == Some(&b'w'),
+                path,
+            })
         })
         .collect()
 }
@@ -93,6 +107,44 @@ fn smaps_page_size(text: &str, start: u64) -> Option<u64> {
         }
     }
     None
+}
+
+/// Checks that every byte of `[va, va + len)` is mapped readable in `vmas` (ascending, as
+/// `maps` lists them), and writable with `write`
+/// ([`bluerdma_core::platform::check_mapped`]): [`UmemError::NotMapped`] names the first
+/// byte that is not mapped or not readable, [`UmemError::ReadOnly`] the first that is not
+/// writable.
+pub fn check_access_in(vmas: &[Vma], va: VirtAddr, len: u64, write: bool) -> Result<(), UmemError> {
+    if va.0.checked_add(len).is_none() {
+        return Err(UmemError::BadRange { va, len });
+    }
+    let ranges = vmas.iter().map(|v| MappedRange {
+        start: v.start,
+        end: v.end,
+        read: v.read,
+        write: v.write,
+    });
+    check_mapped(ranges, va, len, write).map_err(|e| match e {
+        PlatformError::ReadOnly { va } => UmemError::ReadOnly { va },
+        PlatformError::NotMapped { va } => UmemError::NotMapped { va },
+        // check_mapped fails with nothing else.
+        _ => UmemError::NotMapped { va },
+    })
+}
+
+/// [`check_access_in`] against the process's `maps` now.
+pub fn check_access(
+    paths: &SystemPaths,
+    va: VirtAddr,
+    len: u64,
+    write: bool,
+) -> Result<(), UmemError> {
+    let p = paths.maps();
+    let text = fs::read_to_string(&p).map_err(|e| UmemError::Proc {
+        path: p.clone(),
+        errno: e.raw_os_error().unwrap_or(0),
+    })?;
+    check_access_in(&parse_maps(&text), va, len, write)
 }
 
 /// Whether `[va, va + len)` is mapped throughout, and by what.
@@ -162,6 +214,57 @@ mod tests {
         assert_eq!(v[1].end, 0x7f00_0040_0000);
         assert_eq!(v[1].path, "/anon_hugepage (deleted)");
         assert_eq!(v[2].path, "");
+        assert!(v[0].read && !v[0].write);
+        assert!(v[2].read && v[2].write);
+    }
+
+    #[test]
+    fn access_is_checked_byte_for_byte_across_mappings() {
+        let v = parse_maps(MAPS);
+        let va = VirtAddr;
+        // Three adjacent writable mappings, read and written.
+        assert_eq!(
+            check_access_in(&v, va(0x7f00_0000_0000), 0xa0_0000, true),
+            Ok(())
+        );
+        // Read-only text: fine to read, refused for writing at its first byte.
+        assert_eq!(
+            check_access_in(&v, va(0x55fb_4823_8000), 0x2000, false),
+            Ok(())
+        );
+        assert_eq!(
+            check_access_in(&v, va(0x55fb_4823_9000), 0x10, true),
+            Err(UmemError::ReadOnly {
+                va: va(0x55fb_4823_9000)
+            })
+        );
+        // Running off the end names the first unmapped byte; so does a hole.
+        assert_eq!(
+            check_access_in(&v, va(0x7f00_009f_f000), 0x2000, false),
+            Err(UmemError::NotMapped {
+                va: va(0x7f00_00a0_0000)
+            })
+        );
+        assert_eq!(
+            check_access_in(&v, va(0x55fb_4823_9000), 0x2000, false),
+            Err(UmemError::NotMapped {
+                va: va(0x55fb_4823_a000)
+            })
+        );
+        let guard = parse_maps(
+            "7f0000000000-7f0000001000 ---p 00000000 00:00 0
+",
+        );
+        assert_eq!(
+            check_access_in(&guard, va(0x7f00_0000_0000), 1, false),
+            Err(UmemError::NotMapped {
+                va: va(0x7f00_0000_0000)
+            })
+        );
+        assert!(matches!(
+            check_access_in(&v, va(u64::MAX), 2, false),
+            Err(UmemError::BadRange { .. })
+        ));
     }
 
     #[test]

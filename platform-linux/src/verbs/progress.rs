@@ -1,7 +1,8 @@
 //! The progress thread of a [`Context`](super::Context): it polls the engine, spinning while
 //! there is work and backing off to short sleeps (never past a timer deadline) when there
-//! is none, hands received simple-NIC frames to the raw handler, and fires armed CQs'
-//! events, both without the device lock.
+//! is none, hands received simple-NIC frames to the raw handler, fires armed CQs' events
+//! and delivers the engine's asynchronous events to the event handler, all without the
+//! device lock.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -61,10 +62,14 @@ pub(super) fn progress_loop(inner: &Inner) {
         // try_lock: an application thread inside a verb drives progress itself; the progress
         // thread never makes it wait (on two cores a contended lock costs more than a poll).
         let mut fire = Vec::new();
+        let mut events = Vec::new();
         let mut round = |dev: &mut Engine| {
             let w = dev.poll(now);
             let frames = raw.take(inner, dev);
             collect_events(inner, dev, &mut fire);
+            while let Some(e) = dev.take_event() {
+                events.push(e);
+            }
             (w || frames > 0, dev.next_deadline())
         };
         let polled = match inner.dev.try_lock() {
@@ -77,6 +82,15 @@ pub(super) fn progress_loop(inner: &Inner) {
         for cq in fire {
             if let Some(f) = cq.notify.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 f();
+            }
+        }
+        if !events.is_empty() {
+            let mut h = inner.events.lock().unwrap_or_else(|e| e.into_inner());
+            for e in events {
+                match h.as_mut() {
+                    Some(h) => h(e),
+                    None => log::warn!("{}: asynchronous event {e:?}", inner.spec.name),
+                }
             }
         }
         let Some((work, deadline)) = polled else {
@@ -112,9 +126,9 @@ pub(super) fn progress_loop(inner: &Inner) {
     }
 }
 
-/// Moves the completions of every armed CQ out of the engine into the CQ's stash; a CQ that
-/// has any is disarmed and returned in `fire` (level-triggered: a completion already queued
-/// when the CQ was armed fires too, so an event is never lost between a poll and an arm).
+/// Every armed CQ that holds a completion is disarmed and returned in `fire`
+/// (level-triggered: a completion already queued when the CQ was armed fires too, so an
+/// event is never lost between a poll and an arm).
 fn collect_events(inner: &Inner, dev: &mut Engine, fire: &mut Vec<Arc<CqInner>>) {
     let mut armed = inner.armed.lock().unwrap_or_else(|e| e.into_inner());
     if armed.is_empty() {
@@ -125,9 +139,7 @@ fn collect_events(inner: &Inner, dev: &mut Engine, fire: &mut Vec<Arc<CqInner>>)
         if !cq.armed.load(Ordering::Acquire) {
             return false;
         }
-        let mut stash = cq.stash.lock().unwrap_or_else(|e| e.into_inner());
-        cq.pull(dev, &mut stash);
-        if stash.is_empty() {
+        if dev.cq_len(cq.cq) == 0 {
             return true;
         }
         // Cq::push may have fired and disarmed it meanwhile.

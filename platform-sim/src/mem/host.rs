@@ -96,7 +96,7 @@ impl HostMemory {
 }
 
 impl MemoryResolver for HostMemory {
-    fn pin(&mut self, va: VirtAddr, len: usize) -> Result<(), PlatformError> {
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError> {
         if va
             .0
             .checked_add(len as u64)
@@ -104,6 +104,10 @@ impl MemoryResolver for HostMemory {
         {
             return Err(PlatformError::NotMapped { va });
         }
+        // The card touches the range through raw pointers: a page the process may not
+        // read (or write, for a writable MR) would kill it when a peer's WRITE or READ
+        // arrives.
+        super::mappings::check(va, len, write)?;
         // SAFETY: the driver pins only memory an application registered, which must stay
         // valid while registered (the verbs contract); `unpin` unmaps it.
         unsafe { self.map.insert(device_addr_of(va.0), va.0 as *mut u8, len) };

@@ -8,6 +8,7 @@
 
 mod address_map;
 mod host;
+pub mod mappings;
 
 pub use address_map::{AddressMap, DmaFault, Region};
 pub use host::{device_addr_of, HostDma, HostMemory, DEVICE_OFFSET};

@@ -75,7 +75,8 @@ impl RxEngine {
         }
         let state = self.shared.state();
         if state.quiet_pending.is_empty() {
-            Duration::from_millis(50)
+            // Idle: also how long stopping the card waits for this thread.
+            Duration::from_millis(5)
         } else {
             // Wake in time for the earliest quiet deadline.
             self.shared.config.quiet_timeout / 2

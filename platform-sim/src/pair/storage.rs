@@ -2,8 +2,12 @@
 //! [`super::PairConfig`], small by default so that a test's two engines cost little to open.
 
 use bluerdma_core::engine::{
-    CqSlot, EarlyRecv, MrSlot, QpSlot, QpTimers, Slices, Storage, WorkCompletion, Wqe,
+    CqSlot, EarlyRecv, MrSlot, QpSlot, QpTimers, RecvEntry, Slices, Storage, WorkCompletion, Wqe,
+    READ_RESPONSE_ROOM,
 };
+
+/// Receive WRs each QP of a pair may post (the table holds as many again for its peer's).
+pub const PAIR_RECV_WRS: usize = 512;
 
 /// The tables of one engine.
 pub struct PairStorage {
@@ -13,12 +17,13 @@ pub struct PairStorage {
     cqs: Vec<CqSlot>,
     cqes: Vec<WorkCompletion>,
     mrs: Vec<MrSlot>,
+    recvs: Vec<RecvEntry>,
     early: Vec<EarlyRecv>,
-    depths: (usize, usize),
 }
 
 impl PairStorage {
-    /// Tables for `qps` QPs of `sq_depth` send WQEs, `cqs` CQs of `cq_depth` completions,
+    /// Tables for `qps` QPs of `sq_depth` send WQEs (and room for their READ responses),
+    /// `cqs` CQs of `cq_depth` completions, [`PAIR_RECV_WRS`] receive WRs per QP each way,
     /// `mrs` MRs and `early` receive WRs announced before their QP connects.
     pub fn new(
         qps: usize,
@@ -30,13 +35,13 @@ impl PairStorage {
     ) -> Self {
         Self {
             qps: vec![QpSlot::default(); qps],
-            wqes: vec![Wqe::default(); qps * sq_depth],
+            wqes: vec![Wqe::default(); qps * (sq_depth + READ_RESPONSE_ROOM as usize)],
             timers: vec![QpTimers::default(); qps],
             cqs: vec![CqSlot::default(); cqs],
             cqes: vec![WorkCompletion::EMPTY; cqs * cq_depth],
             mrs: vec![MrSlot::default(); mrs],
+            recvs: vec![RecvEntry::default(); qps * 2 * PAIR_RECV_WRS],
             early: vec![EarlyRecv::default(); early],
-            depths: (sq_depth, cq_depth),
         }
     }
 }
@@ -50,15 +55,8 @@ impl Storage for PairStorage {
             cqs: &mut self.cqs,
             cqes: &mut self.cqes,
             mrs: &mut self.mrs,
+            recvs: &mut self.recvs,
             early: &mut self.early,
         }
-    }
-
-    fn sq_depth(&self) -> usize {
-        self.depths.0
-    }
-
-    fn cq_depth(&self) -> usize {
-        self.depths.1
     }
 }

@@ -4,12 +4,15 @@
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::desc::AccessFlags;
-use bluerdma_core::engine::{RecvWr, SendWr, VerbsError, WorkCompletion};
+use bluerdma_core::engine::{
+    QpCaps, RecvWr, SendWr, VerbsError, WorkCompletion, READ_RESPONSE_ROOM,
+};
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::mtu::Pmtu;
 use bluerdma_core::platform::DmaAllocator;
 use bluerdma_core::qp::{Gid, QpAccessFlags, QpAttrMask, QpState, QpType, RawQpAttr};
 
+use super::storage::PAIR_RECV_WRS;
 use super::{Pair, PairError, Side, PAIR_IPS};
 
 /// A registered buffer on one side, owned by the pair until it is dropped.
@@ -150,8 +153,13 @@ impl Pair {
         send_cq: u32,
         recv_cq: u32,
     ) -> Result<Qpn, PairError> {
+        let caps = QpCaps {
+            max_send_wr: self.cfg.sq_depth as u32,
+            max_recv_wr: PAIR_RECV_WRS as u32,
+            read_responses: READ_RESPONSE_ROOM,
+        };
         Ok(self.command(side, |dev, c| {
-            dev.create_qp(pd, send_cq, recv_cq, QpType::Rc, c)
+            dev.create_qp(pd, send_cq, recv_cq, QpType::Rc, caps, c)
         })?)
     }
 
@@ -260,10 +268,11 @@ impl Pair {
         };
         for side in Side::BOTH {
             let i = side.index();
+            let cqe = self.cfg.cq_depth as u32;
             let dev = self.engine(side);
             conn.pd[i] = dev.alloc_pd()?;
-            conn.send_cq[i] = dev.create_cq()?;
-            conn.recv_cq[i] = dev.create_cq()?;
+            conn.send_cq[i] = dev.create_cq(cqe)?;
+            conn.recv_cq[i] = dev.create_cq(cqe)?;
             conn.qp[i] = self.create_qp(side, conn.pd[i], conn.send_cq[i], conn.recv_cq[i])?;
         }
         for side in Side::BOTH {

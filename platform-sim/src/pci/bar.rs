@@ -10,6 +10,11 @@
 //! ring) reaches the model as well: the mirror keeps the value it last saw in each
 //! register and forwards any other one.
 //!
+//! Each round reads the ring pointers before the other registers and forwards them after:
+//! a base the driver wrote before a doorbell reaches the model before the doorbell that
+//! makes the card use it (forwarding in register order let the card answer the first
+//! command before it had the response ring's base: a DMA write at address 0).
+//!
 //! The thread polls: after a round with nothing new it yields, then sleeps from 10 us up
 //! to 200 us, so an idle card costs little and a doorbell waits at most that long.
 
@@ -77,6 +82,15 @@ struct Mirrored {
     counter: Option<Counter>,
     card_owned: bool,
     last: u32,
+    /// A ring pointer's value as this round's first pass read it.
+    seen: u32,
+}
+
+impl Mirrored {
+    /// A ring's head or tail (a doorbell when the driver writes it).
+    fn is_pointer(&self) -> bool {
+        matches!(self.ring, Some((_, RingReg::Head | RingReg::Tail)))
+    }
 }
 
 fn registers() -> Vec<Mirrored> {
@@ -101,6 +115,7 @@ fn registers() -> Vec<Mirrored> {
                 counter: None,
                 card_owned,
                 last: 0,
+                seen: 0,
             });
         }
     }
@@ -111,6 +126,7 @@ fn registers() -> Vec<Mirrored> {
             counter: Some(c),
             card_owned: true,
             last: 0,
+            seen: 0,
         });
     }
     regs
@@ -148,33 +164,49 @@ impl Drop for BarMirror {
 
 /// One pass over every register; returns whether anything moved.
 fn round(bar: &SharedBar, file: &RegisterFile, regs: &mut [Mirrored]) -> bool {
+    // The pointers first: every register the driver wrote before a doorbell read here is
+    // visible to the reads below (its store order), so it is forwarded first.
+    for m in regs.iter_mut().filter(|m| m.is_pointer()) {
+        m.seen = bar.read(m.offset);
+    }
+    std::sync::atomic::fence(Ordering::Acquire);
     let mut moved = false;
-    for m in regs.iter_mut() {
+    for m in regs.iter_mut().filter(|m| !m.is_pointer()) {
         let in_bar = bar.read(m.offset);
-        if in_bar != m.last && m.counter.is_none() {
-            // The driver wrote it.
-            m.last = in_bar;
-            if file.write(m.offset as u32, in_bar).is_err() {
-                log::error!("BAR mirror: register {:#x} rejected", m.offset);
-            }
-            moved = true;
-            continue;
-        }
-        if !m.card_owned {
-            continue;
-        }
-        let in_card = match (m.ring, m.counter) {
-            (Some((id, r)), _) => file.ring(id, r),
-            (None, Some(c)) => file.counter(c),
-            (None, None) => continue,
-        };
-        if in_card != m.last {
-            bar.write(m.offset, in_card);
-            m.last = in_card;
-            moved = true;
-        }
+        moved |= sync(bar, file, m, in_bar);
+    }
+    for m in regs.iter_mut().filter(|m| m.is_pointer()) {
+        let in_bar = m.seen;
+        moved |= sync(bar, file, m, in_bar);
     }
     moved
+}
+
+/// Forwards a driver write of `m` (the BAR holds `in_bar`) to the model, or a change the
+/// card made to a register it owns to the BAR; returns whether anything moved.
+fn sync(bar: &SharedBar, file: &RegisterFile, m: &mut Mirrored, in_bar: u32) -> bool {
+    if in_bar != m.last && m.counter.is_none() {
+        // The driver wrote it.
+        m.last = in_bar;
+        if file.write(m.offset as u32, in_bar).is_err() {
+            log::error!("BAR mirror: register {:#x} rejected", m.offset);
+        }
+        return true;
+    }
+    if !m.card_owned {
+        return false;
+    }
+    let in_card = match (m.ring, m.counter) {
+        (Some((id, r)), _) => file.ring(id, r),
+        (None, Some(c)) => file.counter(c),
+        (None, None) => return false,
+    };
+    if in_card == m.last {
+        return false;
+    }
+    bar.write(m.offset, in_card);
+    m.last = in_card;
+    true
 }
 
 fn mirror(bar: &SharedBar, file: &RegisterFile, stop: &AtomicBool) {
@@ -202,8 +234,9 @@ fn mirror(bar: &SharedBar, file: &RegisterFile, stop: &AtomicBool) {
 mod tests {
     use super::*;
 
-    fn bar() -> (SharedBar, std::fs::File) {
-        let path = std::env::temp_dir().join(format!("bar-mirror-{}", std::process::id()));
+    /// A BAR file of its own for the test `name` (tests run in parallel).
+    fn bar(name: &str) -> (SharedBar, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("bar-mirror-{}-{name}", std::process::id()));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -218,7 +251,7 @@ mod tests {
 
     #[test]
     fn driver_writes_reach_the_card_and_card_writes_reach_the_bar_never_the_reverse() {
-        let (b, _f) = bar();
+        let (b, _f) = bar("owners");
         let file = RegisterFile::new();
         let mut regs = registers();
         let head = RingId::CmdRequest.reg(RingReg::Head, 1).unwrap().offset();
@@ -244,5 +277,43 @@ mod tests {
         file.bump(Counter::EthRdma);
         assert!(round(&b, &file, &mut regs));
         assert_eq!(b.read(Counter::EthRdma.reg().offset()), 1);
+    }
+
+    #[test]
+    fn a_card_woken_by_a_doorbell_already_has_every_base_written_before_it() {
+        // The driver opened the card before the mirror's first round: every ring is
+        // programmed and the first command's doorbell rung. A card that acts on the
+        // doorbell the moment it sees it must find the response ring's base.
+        let (b, _f) = bar("order");
+        let file = Arc::new(RegisterFile::new());
+        let base = |id: RingId| id.reg(RingReg::BaseLo, 1).unwrap().offset();
+        for (k, id) in RingId::ALL_CH0.into_iter().enumerate() {
+            b.write(base(id), 0x10_0000 * (k as u32 + 1));
+        }
+        b.write(
+            RingId::CmdRequest.reg(RingReg::Head, 1).unwrap().offset(),
+            1,
+        );
+        let watching = Arc::new(AtomicBool::new(false));
+        let card = {
+            let (file, watching) = (Arc::clone(&file), Arc::clone(&watching));
+            thread::spawn(move || {
+                watching.store(true, Ordering::Release);
+                while file.ring(RingId::CmdRequest, RingReg::Head) == 0 {
+                    std::hint::spin_loop();
+                }
+                file.ring_base(RingId::CmdResponse)
+            })
+        };
+        while !watching.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+        let mut regs = registers();
+        assert!(round(&b, &file, &mut regs));
+        let resp = RingId::ALL_CH0
+            .iter()
+            .position(|&id| id == RingId::CmdResponse)
+            .unwrap() as u64;
+        assert_eq!(card.join().unwrap(), 0x10_0000 * (resp + 1));
     }
 }
