@@ -206,6 +206,8 @@ struct Node {
     card: SteppedNic,
     dma: HostDma,
     bufs: Vec<DmaBuffer>,
+    /// The card fetches nothing from its send ring ([`Pair::hold_card_tx`]).
+    tx_held: bool,
 }
 
 /// What one step did.
@@ -313,6 +315,7 @@ impl Pair {
                 card,
                 dma: HostDma::new(map),
                 bufs: Vec::new(),
+                tx_held: false,
             });
         }
         Ok(Pair {
@@ -371,7 +374,7 @@ impl Pair {
         for n in &mut self.nodes {
             work |= n.dev.poll(Instant(now));
         }
-        for n in &mut self.nodes {
+        for n in self.nodes.iter_mut().filter(|n| !n.tx_held) {
             work |= n.card.step_tx();
         }
         work |= self.wire.carry(now) > 0;
@@ -560,6 +563,12 @@ impl Pair {
     /// Frames on their way to `to`, to rearrange or remove.
     pub fn in_flight_mut(&mut self, to: Side) -> &mut VecDeque<Frame> {
         &mut self.wire.in_flight[to.index()]
+    }
+
+    /// Stops (`true`) or resumes `side`'s card fetching from its send ring: descriptors the
+    /// engine posts wait there, as behind a busy card.
+    pub fn hold_card_tx(&mut self, side: Side, held: bool) {
+        self.node(side).tx_held = held;
     }
 
     /// Stops (`true`) or resumes handing frames to `to`'s card; they wait in flight.

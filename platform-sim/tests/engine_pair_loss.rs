@@ -290,3 +290,56 @@ fn after_retry_exhaustion_new_posts_are_refused_naming_the_error_state() {
         "{refused:?}"
     );
 }
+
+#[test]
+fn a_timer_that_fires_while_the_card_has_not_fetched_the_descriptors_uses_no_retry() {
+    // A busy card (or a loaded host) leaves the QP's descriptors in the send ring for
+    // longer than the ACK timeout: nothing is lost, so nothing is resent and no retry
+    // is used; once the card fetches them the WRITE completes.
+    let o = QpOptions {
+        timeout: 8,
+        retry_cnt: 3,
+        ..QpOptions::default()
+    };
+    let t = ib_timeout_ns(8);
+    let (mut p, c) = connected(&o);
+    let src = filled(&mut p, &c, A, 3000, 9);
+    let dst = buffer(&mut p, &c, B, 3000);
+    p.hold_card_tx(A, true);
+    post(&mut p, &c, A, &writes(1, 1, &src, &dst, 3000));
+    p.run_for(Duration::from_nanos(10 * t)).unwrap();
+    assert_eq!(p.stats(A).timeouts, 0, "no timeout counted");
+    assert!(p.stats(A).timeouts_queued >= 9, "{:?}", p.stats(A));
+    assert_eq!(p.stats(A).retransmits, 0);
+    assert_eq!(p.qp_state(A, c.qp(A)).unwrap(), QpState::Rts);
+    p.hold_card_tx(A, false);
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    let want = p.bytes(&src).to_vec();
+    assert_eq!(p.bytes(&dst), &want[..], "the WRITE landed intact");
+    assert_eq!(p.stats(A).timeouts, 0, "sent once, acked at once");
+}
+
+#[test]
+fn a_card_that_never_fetches_fails_the_qp_after_the_queued_waits_and_the_retries() {
+    // The card stopped: waiting for it must end, in RETRY_EXC_ERR, not hang the QP.
+    let o = QpOptions {
+        timeout: 8,
+        retry_cnt: 2,
+        ..QpOptions::default()
+    };
+    let t = ib_timeout_ns(8);
+    let (mut p, c) = connected(&o);
+    let src = filled(&mut p, &c, A, 100, 3);
+    let dst = buffer(&mut p, &c, B, 100);
+    p.hold_card_tx(A, true);
+    let posted = p.now();
+    post(&mut p, &c, A, &writes(7, 1, &src, &dst, 100));
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(1000));
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (7, WcStatus::RetryExcErr));
+    let s = p.stats(A);
+    assert_eq!(s.timeouts, 3, "retry_cnt + 1 timeouts counted: {s:?}");
+    assert!(s.timeouts_queued >= 32, "{s:?}");
+    assert!(p.now() - posted >= 35 * t, "32 queued waits and 3 timeouts");
+    assert!(p.bytes(&dst).iter().all(|&b| b == 0));
+}

@@ -216,6 +216,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         if batch.len() > 0 {
             self.flush_send_waiting(&mut batch);
+            let mark = self.send_pushed;
+            self.qp(i).req.mark_ring(mark);
         }
         let at = a.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
         self.timers(i).set(Timer::Retransmit, at);
@@ -223,7 +225,23 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The retransmission timer fired: resend from the oldest unacknowledged PSN, or fail
     /// with RETRY_EXC_ERR when no retry is left.
+    ///
+    /// A timer that fires while the card has not yet fetched every descriptor of the QP
+    /// from the send ring is not a loss: the packets are queued behind other QPs' (a busy
+    /// card, a loaded host), not on the wire. The timer starts again without using a
+    /// retry, as the IB timer starts when a packet is sent; only a silence after the
+    /// card took everything counts (or [`super::requester::QUEUED_WAITS_MAX`] such
+    /// expiries in a row: a card that stopped fetching).
     pub(crate) fn on_timeout(&mut self, i: QpIndex, now: Instant) {
+        let mark = self.qp(i).req.ring_mark();
+        let fetched = self.card_fetched(mark);
+        if self.qp(i).req.wait_for_card(fetched) {
+            self.stats.timeouts_queued += 1;
+            let a = self.qp(i).attrs;
+            let at = a.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
+            self.timers(i).set(Timer::Retransmit, at);
+            return;
+        }
         self.stats.timeouts += 1;
         if !self.qp(i).req.use_retry() {
             self.fail_qp(i, WcStatus::RetryExcErr);

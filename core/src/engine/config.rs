@@ -141,6 +141,9 @@ pub struct EngineStats {
     pub retransmits: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
+    /// Retransmission timer expiries while the card had not yet fetched all of the QP's
+    /// descriptors: the timer started again, no retry used, nothing resent.
+    pub timeouts_queued: u64,
     /// READ requests refused (bad rkey, bounds or access: hardware-contract.md 12a).
     pub read_refused: u64,
     /// Simple-NIC frames received.

@@ -34,7 +34,17 @@ pub(crate) struct Requester {
     retries_left: u8,
     /// Send WRs of the caller (not READ responses) retired so far.
     retired: u64,
+    /// The send ring's descriptor count (`Device::send_pushed`) after this QP's last
+    /// descriptor: until the card has fetched that many, its packets are not all on the
+    /// wire yet.
+    ring_mark: u64,
+    /// Timer expiries in a row that found the QP's descriptors still in the send ring.
+    queued_waits: u8,
 }
+
+/// Expiries in a row a QP waits for the card to fetch its descriptors before they count
+/// as timeouts anyway (a card that stopped fetching must not hang the QP forever).
+pub(crate) const QUEUED_WAITS_MAX: u8 = 32;
 
 impl Default for Requester {
     #[inline]
@@ -46,6 +56,8 @@ impl Default for Requester {
             next_msn: 0,
             retries_left: 7,
             retired: 0,
+            ring_mark: 0,
+            queued_waits: 0,
         }
     }
 }
@@ -56,6 +68,30 @@ impl Requester {
     pub(crate) fn reset_psn(&mut self, psn: Psn) {
         self.next_psn = psn;
         self.acked_psn = psn;
+    }
+
+    /// The send ring's descriptor count after this QP's last descriptor.
+    #[inline]
+    pub(crate) fn ring_mark(&self) -> u64 {
+        self.ring_mark
+    }
+
+    /// The timer fired with descriptors still in the send ring: whether to wait once more
+    /// (false after [`QUEUED_WAITS_MAX`] in a row). `fetched`: the card has them all.
+    #[inline]
+    pub(crate) fn wait_for_card(&mut self, fetched: bool) -> bool {
+        if fetched || self.queued_waits >= QUEUED_WAITS_MAX {
+            self.queued_waits = 0;
+            return false;
+        }
+        self.queued_waits += 1;
+        true
+    }
+
+    /// This QP's descriptors went on the send ring, which has taken `pushed` in all.
+    #[inline]
+    pub(crate) fn mark_ring(&mut self, pushed: u64) {
+        self.ring_mark = pushed;
     }
 
     /// The next PSN to assign.
@@ -345,10 +381,28 @@ impl<P: Platform, S: Storage> Device<P, S> {
         // The attributes cannot change while this runs (a QP that goes to ERR stops it).
         let attrs = self.qp(i).attrs;
         let timeout = attrs.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
+        let pushed = self.send_pushed;
         while self.transmit_one(i, &attrs, timeout, now, &mut batch) {}
         if batch.len() > 0 {
             self.flush_send(&mut batch);
         }
+        if self.send_pushed != pushed {
+            let mark = self.send_pushed;
+            self.qp(i).req.mark_ring(mark);
+        }
+    }
+
+    /// Whether the card has fetched every send-ring descriptor up to `mark` (a
+    /// [`Requester::ring_mark`]). Reads the ring's tail when the cached one says no.
+    pub(crate) fn card_fetched(&mut self, mark: u64) -> bool {
+        let fetched = |d: &Self| d.send_pushed - u64::from(d.send.pending());
+        if fetched(self) >= mark {
+            return true;
+        }
+        // An impossible tail leaves the cached one: the answer stays "not yet", and the
+        // ring's own error says why.
+        let _ = self.send.refresh_tail(&self.regs);
+        fetched(self) >= mark
     }
 
     /// The next step of `transmit`: one WQE (or the rest of a cut one) into `batch`.
@@ -502,7 +556,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Rings the doorbell for `batch`.
     pub(crate) fn flush_send(&mut self, batch: &mut Batch) {
         let descs = batch.take();
-        if self.send.push_batch(&self.regs, descs).is_err() {
+        if self.send.push_batch(&self.regs, descs).is_ok() {
+            self.send_pushed += descs.len() as u64;
+        } else {
             self.stats.send_refused += 1;
             // The caller checked the free slots; a refusal here means the card reported an
             // impossible tail. The WQEs stay Sent and the retransmission timer resends them.
@@ -543,6 +599,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             }
             core::hint::spin_loop();
         }
+        self.send_pushed += descs.len() as u64;
     }
 }
 
