@@ -20,6 +20,7 @@ mod firmware;
 mod fuzz;
 mod perftest;
 mod rdmacm;
+mod stress;
 
 use std::env;
 use std::io::{BufRead, BufReader, Write};
@@ -67,6 +68,8 @@ fn print_help() {
          prints a summary table and exits non-zero on any failure\n                 \
          (--quick skips the loom model and the firmware-target build, and runs\n                 \
          perftest --quick)\n  \
+         ci --stress    only the tests, twice at once (the second in its own network\n                 \
+         namespace, root) with a busy thread per CPU: what flakes under load\n  \
          sim [options]  two emulated NICs (blue0 = 127.0.0.1, blue1 = 127.0.0.2) on the UDP\n                 \
          link and the scenarios run against them; a summary table, non-zero exit on\n                 \
          any mismatch: first the card through raw rings, then the driver engine through\n                 \
@@ -213,7 +216,7 @@ fn doctor(root: &Path, args: &[String]) -> Result<(), String> {
 }
 
 /// One row of the summary table.
-struct Row {
+pub(crate) struct Row {
     suite: String,
     passed: u64,
     failed: u64,
@@ -240,6 +243,9 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     let start = Instant::now();
     let logs = root.join("target").join("xtask");
     std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    if args.iter().any(|a| a == "--stress") {
+        return stress::run(root, &logs);
+    }
     let mut rows: Vec<Row> = Vec::new();
 
     // Everything the checks need comes first (apt packages, the riscv32 target, nightly and
@@ -327,7 +333,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
 
 /// Runs `cmd` through the shell in `root`, teeing its output to `log`; returns success and
 /// the captured output.
-fn run_logged(root: &Path, log: &Path, cmd: &str) -> (bool, String) {
+pub(crate) fn run_logged(root: &Path, log: &Path, cmd: &str) -> (bool, String) {
     let mut child = match Command::new("bash")
         .arg("-c")
         .arg(format!("{cmd} 2>&1"))
@@ -408,7 +414,7 @@ fn test_suites(root: &Path, logs: &Path, cmd: &str) -> Vec<Row> {
 
 /// One row per test binary in the output of `cargo test`. A binary that started but printed
 /// no `test result:` line crashed (signal, abort, exit from a test) and counts as one failure.
-fn parse_test_output(out: &str, log: &Path) -> Vec<Row> {
+pub(crate) fn parse_test_output(out: &str, log: &Path) -> Vec<Row> {
     let mut rows = Vec::new();
     let mut current: Option<String> = None;
     let crashed = |suite: String| {
@@ -549,7 +555,7 @@ fn no_std_build(root: &Path, logs: &Path) -> Row {
     }
 }
 
-fn print_tail(out: &str, n: usize) {
+pub(crate) fn print_tail(out: &str, n: usize) {
     let lines: Vec<&str> = out.lines().collect();
     let from = lines.len().saturating_sub(n);
     for l in &lines[from..] {
@@ -557,7 +563,7 @@ fn print_tail(out: &str, n: usize) {
     }
 }
 
-fn print_table(rows: &[Row]) {
+pub(crate) fn print_table(rows: &[Row]) {
     let w = rows.iter().map(|r| r.suite.len()).max().unwrap_or(5).max(5);
     println!();
     println!(
