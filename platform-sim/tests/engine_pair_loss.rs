@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bluerdma_sim::core::engine::{VerbsError, WcStatus};
 use bluerdma_sim::core::qp::QpState;
-use bluerdma_sim::pair::{Fault, FrameInfo, Pair, QpOptions, Side};
+use bluerdma_sim::pair::{Fault, FrameInfo, FrameKind, Pair, QpOptions, Side};
 use common::*;
 
 const PKT: usize = 4096;
@@ -342,4 +342,38 @@ fn a_card_that_never_fetches_fails_the_qp_after_the_queued_waits_and_the_retries
     assert!(s.timeouts_queued >= 32, "{s:?}");
     assert!(p.now() - posted >= 35 * t, "32 queued waits and 3 timeouts");
     assert!(p.bytes(&dst).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_nak_that_arrives_after_everything_was_acknowledged_leaves_the_idle_qp_alone() {
+    // The receiver's NAK for a lost packet is delayed (held) until the timer's resend has
+    // repaired the loss and the WRITE has completed. The late NAK must not arm a timer on
+    // the idle QP: one that did fired retry_cnt + 1 times over nothing and failed the QP
+    // with RETRY_EXC_ERR between two WRITEs (verbs_loss_integrity under load).
+    let o = QpOptions {
+        timeout: 8,
+        ..QpOptions::default()
+    };
+    let t = ib_timeout_ns(8);
+    let (mut p, c) = connected(&o);
+    let src = filled(&mut p, &c, A, 16 * PKT, 4);
+    let dst = buffer(&mut p, &c, B, 16 * PKT);
+    p.inject(Fault::Drop, Some(1), |f| f.from == A && f.psn() == Some(5));
+    p.inject(Fault::Hold, None, |f| {
+        f.from == B && matches!(f.kind, FrameKind::DriverNak { .. })
+    });
+    post(&mut p, &c, A, &[write(1, &src, 0, &dst, 0, 16 * PKT)]);
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    assert!(!p.held().is_empty(), "the NAK was held");
+    p.clear_faults();
+    let timeouts = p.stats(A).timeouts;
+    p.release_held();
+    p.run_for(Duration::from_nanos(12 * t)).unwrap();
+    assert_eq!(p.qp_state(A, c.qp(A)).unwrap(), QpState::Rts);
+    assert_eq!(p.stats(A).timeouts, timeouts, "no timer on the idle QP");
+    // And the QP still works.
+    post(&mut p, &c, A, &[write(2, &src, 0, &dst, 0, 4 * PKT)]);
+    let wcs = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::Success));
 }

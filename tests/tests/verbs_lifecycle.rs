@@ -6,6 +6,14 @@ use bluerdma_linux::Context;
 use bluerdma_sim::link::MemHub;
 use bluerdma_tests::{ALL, IP0};
 
+/// Held by every test of this file while it runs: the round test counts the process's
+/// threads and RSS, which another test's device running beside it would change.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn device() -> Context {
     let hub = MemHub::new();
     let spec = bluerdma_linux::DeviceSpec::new("blue0", IP0);
@@ -17,6 +25,7 @@ fn device() -> Context {
 /// when the progress thread had collected the last response first).
 #[test]
 fn registrations_racing_the_progress_thread_all_succeed() {
+    let _alone = alone();
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
     for i in 0..400 {
@@ -44,6 +53,7 @@ fn usage() -> (u64, u64) {
 /// about 4 MiB).
 #[test]
 fn closing_a_device_frees_its_memory_and_threads() {
+    let _alone = alone();
     let round = |i: u64| {
         let ctx = device();
         let pd = ctx.alloc_pd().unwrap();
@@ -73,6 +83,7 @@ fn closing_a_device_frees_its_memory_and_threads() {
 fn registration_refuses_memory_the_card_may_not_touch() {
     use bluerdma_core::engine::VerbsError;
     use bluerdma_core::platform::PlatformError;
+    let _alone = alone();
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
     let page = 4096;

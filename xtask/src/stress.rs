@@ -26,7 +26,11 @@ struct Netns;
 
 impl Netns {
     fn create() -> Result<Netns, String> {
-        let _ = Command::new("ip").args(["netns", "del", NETNS]).status();
+        // A namespace left by a killed run; usually there is none.
+        let _ = Command::new("ip")
+            .args(["netns", "del", NETNS])
+            .stderr(std::process::Stdio::null())
+            .status();
         let ok = |args: &[&str]| {
             Command::new("ip")
                 .args(args)

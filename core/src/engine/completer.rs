@@ -165,7 +165,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// Go-back-N from `from`; after a timeout (`reads_too`) also the requests of READs
     /// that were acknowledged but whose response never came.
+    ///
+    /// Nothing on the wire (a NAK that arrived after the ACKs that made it stale): nothing
+    /// is resent and no timer armed; an idle QP with a running timer would fail with
+    /// RETRY_EXC_ERR after `retry_cnt + 1` expiries over nothing.
     fn resend(&mut self, i: QpIndex, from: Psn, now: Instant, reads_too: bool) {
+        if self.sq(i).sent() == 0 {
+            self.timers(i).set(Timer::Retransmit, None);
+            return;
+        }
         self.stats.retransmits += 1;
         let a = self.qp(i).attrs;
         let path = Path::of(&a);
@@ -233,6 +241,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// card took everything counts (or [`super::requester::QUEUED_WAITS_MAX`] such
     /// expiries in a row: a card that stopped fetching).
     pub(crate) fn on_timeout(&mut self, i: QpIndex, now: Instant) {
+        if self.sq(i).sent() == 0 {
+            // Nothing to wait for (a timer left armed): not a loss.
+            self.timers(i).set(Timer::Retransmit, None);
+            return;
+        }
         let mark = self.qp(i).req.ring_mark();
         let fetched = self.card_fetched(mark);
         if self.qp(i).req.wait_for_card(fetched) {
