@@ -210,9 +210,12 @@ fn udp_recv_waits_at_most_its_timeout() {
     let (_a, mut b) = udp_pair();
     let start = Instant::now();
     assert_eq!(b.recv_frames(Duration::ZERO, &mut |_| {}).unwrap(), 0);
+    // A zero timeout does not wait: far below the 30 ms wait measured next, and below
+    // what a loaded machine's scheduling adds.
     assert!(
-        start.elapsed() < Duration::from_millis(50),
-        "zero timeout does not wait"
+        start.elapsed() < Duration::from_millis(500),
+        "zero timeout does not wait: {:?}",
+        start.elapsed()
     );
     let start = Instant::now();
     assert_eq!(
@@ -222,7 +225,7 @@ fn udp_recv_waits_at_most_its_timeout() {
     );
     let waited = start.elapsed();
     assert!(
-        waited >= Duration::from_millis(25) && waited < Duration::from_secs(1),
+        waited >= Duration::from_millis(25) && waited < Duration::from_secs(10),
         "{waited:?}"
     );
 }
@@ -369,9 +372,14 @@ fn a_held_frame_is_released_when_the_port_polls() {
         "held"
     );
     let start = Instant::now();
-    // recv_frames waits no longer than the hold limit, then lets the frame go.
-    a.recv_frames(Duration::from_secs(5), &mut |_| {}).unwrap();
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // recv_frames waits no longer than the hold limit (5 ms; not its own 60 s, half of
+    // which is the bound a loaded machine stays under), then lets the frame go.
+    a.recv_frames(Duration::from_secs(60), &mut |_| {}).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(recv_frames_until(&mut b, 1), [only]);
     assert_eq!(
         a.stats().snapshot().frames_reordered,
@@ -849,9 +857,15 @@ fn a_frame_held_by_the_sender_is_released_when_the_port_polls() {
         "held"
     );
     let start = Instant::now();
-    // The port's wait ends at the sender's hold limit, and the frame goes.
-    a.recv_frames(Duration::from_secs(5), &mut |_| {}).unwrap();
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // The port's wait ends at the sender's hold limit (5 ms), not at its own 60 s, and the
+    // frame goes. Half the port's wait is the bound: a loaded machine may take far longer
+    // than 5 ms, never 30 s.
+    a.recv_frames(Duration::from_secs(60), &mut |_| {}).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(recv_frames_until(&mut b, 1), [handle_frame(1, 1, 8)]);
     assert_eq!(a.stats().snapshot().frames_reordered, 0);
 }
