@@ -52,6 +52,11 @@ pub struct IbvContext {
 /// `ibv_context` (byte offset / 8).
 pub mod ext {
     pub const QUERY_PORT: usize = 0;
+    pub const ALLOC_PARENT_DOMAIN: usize = 112 / 8;
+    pub const ALLOC_TD: usize = 128 / 8;
+    pub const CREATE_CQ_EX: usize = 200 / 8;
+    pub const QUERY_DEVICE_EX: usize = 216 / 8;
+    pub const CREATE_QP_EX: usize = 264 / 8;
     /// Words before the embedded context: 39 op slots, then `sz`.
     pub const WORDS: usize = 39;
     /// `sizeof(struct verbs_context)`.
