@@ -31,8 +31,13 @@ const RC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_READ;
 const UD_OPS: u64 = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 
-/// The names of the send operations this device lacks, by bit.
-const MISSING_OPS: &[(u64, &str)] = &[
+/// The names of the send operations, by bit.
+const OP_NAMES: &[(u64, &str)] = &[
+    (IBV_QP_EX_WITH_RDMA_WRITE, "RDMA_WRITE"),
+    (IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM, "RDMA_WRITE_WITH_IMM"),
+    (IBV_QP_EX_WITH_SEND, "SEND"),
+    (IBV_QP_EX_WITH_SEND_WITH_IMM, "SEND_WITH_IMM"),
+    (IBV_QP_EX_WITH_RDMA_READ, "RDMA_READ"),
     (1 << 5, "ATOMIC_CMP_AND_SWP"),
     (1 << 6, "ATOMIC_FETCH_AND_ADD"),
     (1 << 7, "LOCAL_INV"),
@@ -135,9 +140,9 @@ fn ext_ops(qp_type: u32, flags: u64) -> Result<ExtOps, c_int> {
         _ => flags,
     };
     if flags & !have != 0 {
-        let missing: Vec<&str> = MISSING_OPS
+        let missing: Vec<&str> = OP_NAMES
             .iter()
-            .filter(|(bit, _)| flags & bit != 0)
+            .filter(|(bit, _)| flags & !have & bit != 0)
             .map(|(_, name)| *name)
             .collect();
         log::error!(

@@ -155,10 +155,15 @@ impl Batch {
         self.error = None;
     }
 
-    /// Records a mistake (the first one is what `ibv_wr_complete` returns) and logs it.
+    /// Records a mistake (the first one is what `ibv_wr_complete` returns) and logs it
+    /// (later ones, often its consequences, at debug level).
     pub(crate) fn refuse(&mut self, errno: c_int, what: std::fmt::Arguments<'_>) {
-        log::error!("{what}");
-        self.error.get_or_insert(errno);
+        if self.error.is_none() {
+            log::error!("{what}");
+            self.error = Some(errno);
+        } else {
+            log::debug!("{what}");
+        }
     }
 
     /// Begins a request of `opcode`: `wr` carries its remote address, key or immediate.
