@@ -20,7 +20,8 @@
 # of from the passive side's own address (see run_rdmacm.sh); nothing else changes.
 #
 # The shipped files are copied (and gunzipped) into DIR (default target/pyverbs-run) and
-# run from there; the shipped tree is not touched.
+# run from there; the shipped tree is not touched. The run is ended after PYVERBS_TIMEOUT
+# seconds (default 1800).
 #
 # Needs root (unshare, mount), python3-pyverbs, and the stand-ins built (`cargo xtask
 # pyverbs`, `cargo xtask rdmacm` or `cargo xtask perftest` install them in target/ibverbs/).
@@ -95,5 +96,5 @@ done
 umount -l "$work/realclass"
 mkdir -p /sys/class/infiniband/bluerdma0/device/net/lo
 cd "$work"
-exec timeout 1800 /usr/bin/python3 "tests/$runner" --dev bluerdma0 --gid 0 "$@"
+exec timeout "${PYVERBS_TIMEOUT:-1800}" /usr/bin/python3 "tests/$runner" --dev bluerdma0 --gid 0 "$@"
 ' pyverbs "$work" "$runner" "${args[@]}"
