@@ -7,7 +7,7 @@
 #![allow(missing_docs)]
 
 use core::ffi::{c_char, c_int, c_void};
-use core::mem::{offset_of, size_of};
+use core::mem::size_of;
 
 /// `struct ibv_device` (664 bytes).
 #[repr(C)]
@@ -384,12 +384,14 @@ pub struct IbvAsyncEvent {
     pub _pad: u32,
 }
 
+/// Compile-time checks of a structure's size and field offsets (also used by `abi_ex`).
 macro_rules! check {
     ($t:ty, $size:expr, $($field:ident = $off:expr),* $(,)?) => {
-        const _: () = assert!(size_of::<$t>() == $size);
-        $(const _: () = assert!(offset_of!($t, $field) == $off);)*
+        const _: () = assert!(core::mem::size_of::<$t>() == $size);
+        $(const _: () = assert!(core::mem::offset_of!($t, $field) == $off);)*
     };
 }
+pub(crate) use check;
 
 check!(
     IbvDevice,

@@ -17,7 +17,7 @@ use core::cell::UnsafeCell;
 use core::ffi::{c_int, c_void};
 use core::mem::{offset_of, size_of};
 
-use crate::abi::{IbvCq, IbvDeviceAttr, IbvPd, IbvQp, IbvQpCap};
+use crate::abi::{check, IbvCq, IbvDeviceAttr, IbvPd, IbvQp, IbvQpCap};
 
 /// `struct ibv_qp_ex` after its `ibv_qp` (192 bytes, at offset 160 of the QP).
 #[repr(C)]
@@ -191,13 +191,6 @@ pub struct IbvDeviceAttrEx {
 pub struct IbvDataBuf {
     pub addr: *mut c_void,
     pub length: usize,
-}
-
-macro_rules! check {
-    ($t:ty, $size:expr, $($field:ident = $off:expr),* $(,)?) => {
-        const _: () = assert!(size_of::<$t>() == $size);
-        $(const _: () = assert!(offset_of!($t, $field) == $off);)*
-    };
 }
 
 check!(IbvQpEx, 352, qp_base = 0, tail = 160);

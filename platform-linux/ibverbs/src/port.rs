@@ -128,15 +128,20 @@ fn port_attr() -> IbvPortAttr {
     }
 }
 
-/// Writes the first `len` bytes of `v` (all of it at most) to `dst`: the part of a
-/// structure that fits the size an older or newer caller passes.
+/// Writes the first `len` bytes of `v` (all of it at most) to `dst`, and zeroes the rest of
+/// the `len` bytes: an older caller gets the part of the structure it knows, a newer one
+/// (built against later headers, with fields this library does not fill) zeroes where
+/// they are, as rdma-core's providers do.
 ///
 /// # Safety
 /// `dst` has `len` writable bytes.
 pub(crate) unsafe fn write_sized<T>(v: &T, dst: *mut u8, len: usize) {
     let n = len.min(size_of::<T>());
     // SAFETY: `v` has `size_of::<T>()` readable bytes; the caller's contract for `dst`.
-    unsafe { ptr::copy_nonoverlapping(v as *const T as *const u8, dst, n) };
+    unsafe {
+        ptr::copy_nonoverlapping(v as *const T as *const u8, dst, n);
+        ptr::write_bytes(dst.add(n), 0, len - n);
+    }
 }
 
 /// The port's attributes into the caller's `len` bytes at `attr`.
