@@ -31,6 +31,7 @@ const PROGRAMS: &[&str] = &[
     "av_habits",
     "peer_death",
     "capacities",
+    "wr_api",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the

@@ -13,12 +13,14 @@
 //!   librdmacm.so.1 stand-in (`rdmacm.rs`).
 //! - `cargo xtask fuzz [SECS]`: every cargo-fuzz target of tests/fuzz for SECS seconds
 //!   (`fuzz.rs`); `ci` runs each for a few seconds.
+//! - `cargo xtask pyverbs`: rdma-core's own test suite over the stand-in (`pyverbs.rs`).
 
 mod backends;
 mod cluster;
 mod firmware;
 mod fuzz;
 mod perftest;
+mod pyverbs;
 mod rdmacm;
 mod stress;
 
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Some("cluster") => cluster::cluster(&root, &args[1..]),
         Some("rdmacm") => rdmacm::rdmacm(&root, &args[1..]),
         Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
+        Some("pyverbs") => pyverbs::pyverbs(&root, &args[1..]),
         Some("firmware") => firmware::run(&root),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
@@ -87,6 +90,8 @@ fn print_help() {
          (`cargo xtask cluster --help`)\n  \
          rdmacm [opts]  rping, udaddy, rdma_server/rdma_client and perftest -R over\n                 \
          target/ibverbs/librdmacm.so.1, then the crate's tests (`cargo xtask rdmacm --help`)\n  \
+         pyverbs [opts] rdma-core's own tests (python3-pyverbs) over target/ibverbs/; needs\n                 \
+         root (`cargo xtask pyverbs --help`)\n  \
          firmware       the firmware rows of ci alone: build, size, core with defmt, QEMU boot\n  \
          fuzz [SECS]    every fuzz target of tests/fuzz for SECS seconds (default 60; nightly\n                 \
          and cargo-fuzz); a table of runs and crashes, non-zero exit on a crash"
@@ -301,6 +306,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     }
     rows.push(perftest::ci_row(root, quick, backends::Backend::Emulated));
     rows.push(rdmacm::ci_row(root));
+    rows.push(pyverbs::ci_row(root));
     // The other backends at sizes that keep CI short (the fake PCI card needs root).
     for backend in [backends::Backend::Rtl, backends::Backend::Pci] {
         rows.push(backends::ci_sim_row(root, backend));

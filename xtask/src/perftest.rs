@@ -4,7 +4,7 @@
 //! 1. Builds the stand-in in release and copies it to `target/ibverbs/libibverbs.so.1`.
 //! 2. Installs `ibverbs-utils` and `perftest` with apt-get if `ibv_devinfo` or `ib_write_bw`
 //!    is missing.
-//! 3. Runs `ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong` (polling and `-e`),
+//! 3. Runs `ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong` (polling, `-e` and `-N`),
 //!    `ibv_srq_pingpong -q 64`, `ibv_ud_pingpong -s 2048`, `ib_write_bw` (and `-t 4096`),
 //!    `ib_read_bw`, `ib_send_bw` and `ib_write_lat` with `LD_LIBRARY_PATH` pointing there;
 //!    every pair is a server on the first device and a client on the second, with its own
@@ -675,6 +675,8 @@ fn pairs(opts: &Opts) -> Vec<Pair> {
     vec![
         pingpong("ibv_rc_pingpong", ""),
         pingpong("ibv_rc_pingpong", "-e"),
+        // The new post-send API: ibv_create_qp_ex, ibv_qp_to_qp_ex, ibv_wr_* (issue J2).
+        pingpong("ibv_rc_pingpong", "-N"),
         // 64 QPs on one shared receive queue of 500 WRs (issue J1: it deadlocked).
         pingpong("ibv_srq_pingpong", "-q 64"),
         // Datagrams over one simple-NIC frame (issue J1: UD stopped at 1978 bytes).

@@ -7,7 +7,7 @@
 #![allow(missing_docs)]
 
 use core::ffi::{c_char, c_int, c_void};
-use core::mem::{offset_of, size_of};
+use core::mem::size_of;
 
 /// `struct ibv_device` (664 bytes).
 #[repr(C)]
@@ -52,6 +52,11 @@ pub struct IbvContext {
 /// `ibv_context` (byte offset / 8).
 pub mod ext {
     pub const QUERY_PORT: usize = 0;
+    pub const ALLOC_PARENT_DOMAIN: usize = 112 / 8;
+    pub const ALLOC_TD: usize = 128 / 8;
+    pub const CREATE_CQ_EX: usize = 200 / 8;
+    pub const QUERY_DEVICE_EX: usize = 216 / 8;
+    pub const CREATE_QP_EX: usize = 264 / 8;
     /// Words before the embedded context: 39 op slots, then `sz`.
     pub const WORDS: usize = 39;
     /// `sizeof(struct verbs_context)`.
@@ -379,12 +384,14 @@ pub struct IbvAsyncEvent {
     pub _pad: u32,
 }
 
+/// Compile-time checks of a structure's size and field offsets (also used by `abi_ex`).
 macro_rules! check {
     ($t:ty, $size:expr, $($field:ident = $off:expr),* $(,)?) => {
-        const _: () = assert!(size_of::<$t>() == $size);
-        $(const _: () = assert!(offset_of!($t, $field) == $off);)*
+        const _: () = assert!(core::mem::size_of::<$t>() == $size);
+        $(const _: () = assert!(core::mem::offset_of!($t, $field) == $off);)*
     };
 }
+pub(crate) use check;
 
 check!(
     IbvDevice,

@@ -40,6 +40,11 @@ pub(crate) struct Ctx {
     /// `async_fd` is the read end of this pipe; [`Ctx::post_event`] writes to the other
     /// (non-blocking: an event that finds the pipe full is dropped and logged).
     async_pipe: [c_int; 2],
+    /// `cmd_fd`: this library sends no commands through a file, but programs expect a valid
+    /// descriptor there (they dup, poll or fstat it; pyverbs dups it for
+    /// ibv_import_device, which then fails with EOPNOTSUPP): `/dev/null`, or -1 if it
+    /// cannot be opened.
+    cmd_fd: c_int,
     /// Where the events of the engine this context starts go.
     on_event: EventSink,
 }
@@ -84,13 +89,15 @@ impl Ctx {
             let fl = libc::fcntl(fds[1], libc::F_GETFL);
             libc::fcntl(fds[1], libc::F_SETFL, fl | libc::O_NONBLOCK);
         }
+        // SAFETY: a NUL-terminated path; the descriptor is ours until Drop.
+        let cmd_fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         let ctx = Box::new(Ctx {
             ext: ext_ops,
             sz: ext::SIZE,
             ibv: IbvContext {
                 device: dev,
                 ops,
-                cmd_fd: -1,
+                cmd_fd,
                 async_fd: fds[0],
                 num_comp_vectors: 1,
                 _pad: 0,
@@ -100,6 +107,7 @@ impl Ctx {
             dev: d,
             engine: Mutex::new(None),
             async_pipe: fds,
+            cmd_fd,
             on_event,
         });
         let ctx = Box::into_raw(ctx);
@@ -191,8 +199,13 @@ impl Ctx {
 
 impl Drop for Ctx {
     fn drop(&mut self) {
-        for fd in self.async_pipe {
-            // SAFETY: our pipe's descriptors.
+        for fd in self
+            .async_pipe
+            .into_iter()
+            .chain([self.cmd_fd])
+            .filter(|fd| *fd >= 0)
+        {
+            // SAFETY: our pipe's descriptors and our /dev/null.
             unsafe { libc::close(fd) };
         }
     }

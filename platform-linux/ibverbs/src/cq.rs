@@ -1,15 +1,18 @@
-//! Completion queues: ibv_create_cq (tied to a completion channel when given one),
+//! Completion queues: ibv_create_cq (tied to a completion channel when given one; an
+//! extended CQ of ibv_create_cq_ex is the same object with its polling functions set),
 //! ibv_destroy_cq, ibv_resize_cq, and the channel's events (`ibv_get_cq_event`,
 //! `ibv_ack_cq_events`). Polling and arming are the context's function table (`poll.rs`).
 
+use core::cell::UnsafeCell;
 use core::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bluerdma_linux::verbs::{Context, Cq as VCq};
 
 use crate::abi::*;
+use crate::abi_ex::{cqx, IbvCqExTail};
 use crate::caps;
 use crate::channel::Channel;
 use crate::context::Ctx;
@@ -22,6 +25,11 @@ use crate::srq::SrqMembers;
 #[repr(C)]
 pub(crate) struct Cq {
     pub ibv: IbvCq,
+    /// The rest of `ibv_cq_ex`: the polling functions of a CQ made by ibv_create_cq_ex
+    /// (`cq_ex.rs`), zero for one made by ibv_create_cq.
+    pub ex: IbvCqExTail,
+    /// The completion an extended CQ's poll is at (what its `read_*` functions return).
+    pub current: Mutex<IbvWc>,
     pub cq: VCq,
     /// Events handed out by ibv_get_cq_event.
     events: AtomicU32,
@@ -34,6 +42,8 @@ pub(crate) struct Cq {
     users: AtomicU32,
     _engine: Arc<Context>,
 }
+
+const _: () = assert!(core::mem::offset_of!(Cq, ex) == core::mem::size_of::<IbvCq>());
 
 impl Cq {
     /// The CQ behind an application's pointer.
@@ -65,17 +75,21 @@ pub unsafe extern "C" fn bv_ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut IbvCq {
     // SAFETY: forwarded contract.
-    or_null(unsafe { create_cq(ctx, cqe, cq_context, channel, comp_vector) })
+    or_null(unsafe { create_cq(ctx, cqe, cq_context, channel, comp_vector, None) })
 }
 
+/// ibv_create_cq, and ibv_create_cq_ex (`cq_ex.rs`) with the polling functions of an
+/// extended CQ in `ex_ops`.
+///
 /// # Safety
 /// `ctx` is NULL or an open context; `channel` is NULL or a channel of it.
-unsafe fn create_cq(
+pub(crate) unsafe fn create_cq(
     ctx: *mut IbvContext,
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut IbvCompChannel,
     comp_vector: c_int,
+    ex_ops: Option<[usize; cqx::COUNT]>,
 ) -> Result<*mut IbvCq, c_int> {
     live::check(Kind::Ctx, ctx, "create_cq")?;
     // SAFETY: a live context.
@@ -104,6 +118,13 @@ unsafe fn create_cq(
             comp_events_completed: 0,
             async_events_completed: 0,
         },
+        ex: IbvCqExTail {
+            comp_mask: 0,
+            status: UnsafeCell::new(0),
+            wr_id: UnsafeCell::new(0),
+            ops: ex_ops.unwrap_or([0; cqx::COUNT]),
+        },
+        current: Mutex::new(IbvWc::default()),
         cq,
         events: AtomicU32::new(0),
         srq_members: Arc::default(),

@@ -14,7 +14,11 @@
 //!   IPv4-mapped address (RoCE v2). Connect QPs with a GID (`ibv_rc_pingpong -g 0`).
 //! - RC QPs with up to 6 SGEs per send request: RDMA WRITE (with immediate), READ, SEND
 //!   (with immediate); completion channels; shared receive queues; UD QPs and address
-//!   handles (datagrams of up to 1978 bytes through the simple NIC). Everything else the
+//!   handles (datagrams of up to 1978 bytes through the simple NIC).
+//! - The extended verbs: ibv_create_qp_ex with the `ibv_wr_*` post API (the same post path
+//!   as ibv_post_send), ibv_create_cq_ex with ibv_start_poll / ibv_next_poll /
+//!   ibv_end_poll and the standard `ibv_wc_read_*` fields, ibv_query_device_ex (no ODP,
+//!   TSO, atomics or timestamps; the device says so). Everything else the
 //!   installed libibverbs exports is present (programs and provider libraries are
 //!   BIND_NOW) and fails with EOPNOTSUPP and a log line when called.
 //! - `BLUERDMA_LOG=error|warn|info|debug` sets what is printed on stderr (default warn).
@@ -29,6 +33,8 @@
 //!
 //! 1. The C ABI and how a verb fails:
 //!    - [`abi`]: the structures and constants of `<infiniband/verbs.h>`, offsets checked.
+//!    - [`abi_ex`]: the extended verbs' structures (`ibv_qp_ex`, `ibv_cq_ex`, the `_ex`
+//!      attributes), offsets checked.
 //!    - `errors`: errno, the engine error -> errno map, NULL and `bad_wr` reporting.
 //!    - `logging`: the stderr logger (`BLUERDMA_LOG`).
 //!    - `handle`: verb objects are boxes whose first field is the `ibv_*` structure.
@@ -43,6 +49,7 @@
 //!    - `device`: the devices of this process and the device-list verbs.
 //!    - `context`: an opened device, the engine it starts on its backend, async events.
 //!    - `port`: the device, port, GID and P_Key queries.
+//!    - `device_ex`: ibv_query_device_ex, and the parent and thread domains it refuses.
 //! 3. Objects:
 //!    - `pd`: protection domains and their table of registered regions.
 //!    - `mr`: memory regions (and the fork verbs).
@@ -51,6 +58,7 @@
 //!    - `rc_scatter`: RC receive WRs of several SGEs, through a bounce ring.
 //!    - `cq`: completion queues and their channel events.
 //!    - `qp_base`: what RC and UD QPs share (type, CQs, initial `ibv_qp`).
+//!    - `wr_batch`: a QP's `ibv_qp_ex` part and the requests `ibv_wr_*` build.
 //!    - `rc_rings`: an RC QP's inline and gather rings.
 //!    - `rc_qp`: RC QPs: create, modify, query (the one reader of the engine's QP query).
 //!    - `ah`: address handles.
@@ -62,8 +70,10 @@
 //!    - `srq_post`: ibv_post_srq_recv.
 //!    - `ud_post`: ibv_post_send (one datagram each) and ibv_post_recv on UD QPs.
 //!    - `poll`: ibv_poll_cq and ibv_req_notify_cq.
+//!    - `cq_ex`: ibv_create_cq_ex and the extended CQ's start/next/end poll and read_*.
 //! 5. The entries that choose between RC and UD:
-//!    - `qp`: the QP verbs (create, destroy, modify, query).
+//!    - `qp`: the QP verbs (create, destroy, modify, query) and the post entries.
+//!    - `qp_ex`: ibv_create_qp_ex and the `ibv_wr_*` functions of an extended QP.
 //!    - `async_events`: the engine's events, to the async file of the context that owns
 //!      the object.
 //!    - `ops`: ibv_open_device / ibv_close_device and the context's function tables.
@@ -74,6 +84,7 @@
 
 // 1. The C ABI and how a verb fails.
 pub mod abi;
+pub mod abi_ex;
 mod av;
 mod caps;
 mod errors;
@@ -86,6 +97,7 @@ mod stubs;
 // 2. The device table.
 mod context;
 mod device;
+mod device_ex;
 mod port;
 // 3. Objects.
 mod ah;
@@ -101,7 +113,9 @@ mod srq;
 mod ud_qp;
 mod ud_reassembly;
 mod ud_rx;
+mod wr_batch;
 // 4. The post and poll paths.
+mod cq_ex;
 mod poll;
 mod rc_post;
 mod srq_post;
@@ -110,6 +124,7 @@ mod ud_post;
 mod async_events;
 mod ops;
 mod qp;
+mod qp_ex;
 
 std::arch::global_asm!(include_str!(concat!(env!("OUT_DIR"), "/symver.s")));
 include!(concat!(env!("OUT_DIR"), "/stubs.rs"));

@@ -1,7 +1,9 @@
 //! Opening and closing a context, and the function tables it carries: the data-path
 //! entries of `struct ibv_context_ops` that the inline verbs of `<infiniband/verbs.h>`
-//! jump through (post_send and post_recv choose the RC or UD path here; poll_cq,
-//! req_notify_cq and post_srq_recv have one), and `verbs_context.query_port`.
+//! jump through (post_send and post_recv choose the RC or UD path in `qp.rs`; poll_cq,
+//! req_notify_cq and post_srq_recv have one), and the extended ops of `verbs_context`
+//! (query_port, query_device_ex, create_cq_ex, create_qp_ex, and the refusals of
+//! alloc_parent_domain and alloc_td, which say why).
 
 use core::ffi::{c_int, c_void};
 
@@ -17,17 +19,16 @@ use crate::logging::init_log;
 use crate::mr::bv_ibv_dereg_mr;
 use crate::pd::bv_ibv_dealloc_pd;
 use crate::qp::bv_ibv_destroy_qp;
-use crate::qp_base::is_ud;
 use crate::srq::bv_ibv_destroy_srq;
-use crate::{poll, port, rc_post, srq_post, ud_post, ud_rx};
+use crate::{cq_ex, device_ex, poll, port, qp, qp_ex, srq_post, ud_rx};
 
 /// The ibv_context ops every context carries.
 fn context_ops() -> [usize; 32] {
     let mut o = [0usize; 32];
     o[ops::POLL_CQ] = poll::op_poll_cq as *const () as usize;
     o[ops::REQ_NOTIFY_CQ] = poll::op_req_notify_cq as *const () as usize;
-    o[ops::POST_SEND] = op_post_send as *const () as usize;
-    o[ops::POST_RECV] = op_post_recv as *const () as usize;
+    o[ops::POST_SEND] = qp::op_post_send as *const () as usize;
+    o[ops::POST_RECV] = qp::op_post_recv as *const () as usize;
     o[ops::POST_SRQ_RECV] = srq_post::op_post_srq_recv as *const () as usize;
     o
 }
@@ -36,6 +37,11 @@ fn context_ops() -> [usize; 32] {
 fn ext_ops() -> [usize; ext::WORDS] {
     let mut o = [0usize; ext::WORDS];
     o[ext::QUERY_PORT] = port::ext_query_port as *const () as usize;
+    o[ext::QUERY_DEVICE_EX] = device_ex::ext_query_device_ex as *const () as usize;
+    o[ext::ALLOC_PARENT_DOMAIN] = device_ex::ext_alloc_parent_domain as *const () as usize;
+    o[ext::ALLOC_TD] = device_ex::ext_alloc_td as *const () as usize;
+    o[ext::CREATE_CQ_EX] = cq_ex::ext_create_cq_ex as *const () as usize;
+    o[ext::CREATE_QP_EX] = qp_ex::ext_create_qp_ex as *const () as usize;
     o
 }
 
@@ -128,42 +134,4 @@ fn names(objs: &[(Kind, usize)]) -> String {
         }
     }
     out.join(", ")
-}
-
-/// `ibv_context_ops.post_send`.
-///
-/// # Safety
-/// As ibv_post_send.
-unsafe extern "C" fn op_post_send(
-    qp: *mut IbvQp,
-    wr: *mut IbvSendWr,
-    bad: *mut *mut IbvSendWr,
-) -> c_int {
-    // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
-        // SAFETY: the caller's contract.
-        unsafe { ud_post::post_send(qp, wr, bad) }
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { rc_post::post_send(qp, wr, bad) }
-    }
-}
-
-/// `ibv_context_ops.post_recv`.
-///
-/// # Safety
-/// As ibv_post_recv.
-unsafe extern "C" fn op_post_recv(
-    qp: *mut IbvQp,
-    wr: *mut IbvRecvWr,
-    bad: *mut *mut IbvRecvWr,
-) -> c_int {
-    // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
-        // SAFETY: the caller's contract.
-        unsafe { ud_post::post_recv(qp, wr, bad) }
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { rc_post::post_recv(qp, wr, bad) }
-    }
 }

@@ -1,5 +1,6 @@
 //! The poll path: `ibv_context_ops.poll_cq` (RC and UD completions alike; each receive of
-//! an SRQ's QP hands that QP the pool's next WR) and `req_notify_cq`.
+//! an SRQ's QP hands that QP the pool's next WR) and `req_notify_cq`, which extended CQs
+//! share (`cq_ex.rs` polls through [`poll_some`]).
 
 use core::ffi::c_int;
 
@@ -11,7 +12,7 @@ use crate::errors::fail;
 use crate::handle::own;
 
 /// The application's completion for an engine's.
-fn wc_of(w: &WorkCompletion) -> IbvWc {
+pub(crate) fn wc_of(w: &WorkCompletion) -> IbvWc {
     IbvWc {
         wr_id: w.wr_id,
         status: w.status as u32,
@@ -51,25 +52,29 @@ pub(crate) unsafe extern "C" fn op_poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut Ib
     let mut got = 0usize;
     while got < n as usize {
         let want = (n as usize - got).min(buf.len());
-        let k = match c.cq.poll(&mut buf[..want]) {
-            Ok(k) => k,
-            Err(e) => {
-                fail(e);
-                return -1;
-            }
+        let Ok(k) = poll_some(c, &mut buf[..want]) else {
+            return -1;
         };
-        c.scatter.completed(&mut buf[..k]);
         for (i, w) in buf[..k].iter().enumerate() {
             // SAFETY: the caller passes room for `n` completions.
             unsafe { wc.add(got + i).write(wc_of(w)) };
         }
-        c.srq_members.completed(&buf[..k]);
         got += k;
         if k < want {
             break;
         }
     }
     got as c_int
+}
+
+/// Up to `buf.len()` completions of `c` with the library's part done (receives of several
+/// SGEs copied out of their bounce buffer, SRQ members topped up): how many, or the errno
+/// (logged and set).
+pub(crate) fn poll_some(c: &Cq, buf: &mut [WorkCompletion]) -> Result<usize, c_int> {
+    let k = c.cq.poll(buf).map_err(fail)?;
+    c.scatter.completed(&mut buf[..k]);
+    c.srq_members.completed(&buf[..k]);
+    Ok(k)
 }
 
 /// `ibv_context_ops.req_notify_cq`.

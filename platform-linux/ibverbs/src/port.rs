@@ -12,7 +12,8 @@ use crate::context::Ctx;
 use crate::device::{fill, Device};
 use crate::errors::{errno_rc, set_errno};
 
-fn device_attr(d: &Device) -> IbvDeviceAttr {
+/// What ibv_query_device reports for `d` (and ibv_query_device_ex's `orig_attr`).
+pub(crate) fn device_attr(d: &Device) -> IbvDeviceAttr {
     let cap = caps::capacity();
     let mut a = IbvDeviceAttr {
         fw_ver: [0; 64],
@@ -100,8 +101,10 @@ fn port_attr() -> IbvPortAttr {
         max_mtu: IBV_MTU_4096,
         active_mtu: IBV_MTU_4096,
         gid_tbl_len: GID_TABLE_LEN as c_int,
-        // IBV_PORT_CM_SUP is not claimed (no rdma_cm); nothing else applies to RoCE.
-        port_cap_flags: 0,
+        // IBV_PORT_IP_BASED_GIDS: the GIDs are the device's IPv4-mapped address. IBV_PORT_CM_SUP
+        // is not claimed (it means the kernel's IB CM, which librdmacm's stand-in does not
+        // use); nothing else applies to RoCE.
+        port_cap_flags: 1 << 26,
         max_msg_sz: caps::MAX_MSG,
         bad_pkey_cntr: 0,
         qkey_viol_cntr: 0,
@@ -125,15 +128,20 @@ fn port_attr() -> IbvPortAttr {
     }
 }
 
-/// Writes the first `len` bytes of `v` (all of it at most) to `dst`: the part of a
-/// structure that fits the size an older or newer caller passes.
+/// Writes the first `len` bytes of `v` (all of it at most) to `dst`, and zeroes the rest of
+/// the `len` bytes: an older caller gets the part of the structure it knows, a newer one
+/// (built against later headers, with fields this library does not fill) zeroes where
+/// they are, as rdma-core's providers do.
 ///
 /// # Safety
 /// `dst` has `len` writable bytes.
-unsafe fn write_sized<T>(v: &T, dst: *mut u8, len: usize) {
+pub(crate) unsafe fn write_sized<T>(v: &T, dst: *mut u8, len: usize) {
     let n = len.min(size_of::<T>());
     // SAFETY: `v` has `size_of::<T>()` readable bytes; the caller's contract for `dst`.
-    unsafe { ptr::copy_nonoverlapping(v as *const T as *const u8, dst, n) };
+    unsafe {
+        ptr::copy_nonoverlapping(v as *const T as *const u8, dst, n);
+        ptr::write_bytes(dst.add(n), 0, len - n);
+    }
 }
 
 /// The port's attributes into the caller's `len` bytes at `attr`.

@@ -1,5 +1,7 @@
-//! The QP verbs: ibv_create_qp, ibv_destroy_qp, ibv_modify_qp and ibv_query_qp, each
-//! choosing the RC (`rc_qp.rs`) or UD (`ud_qp.rs`) QP by its type.
+//! The QP verbs: ibv_create_qp, ibv_destroy_qp, ibv_modify_qp and ibv_query_qp, and the
+//! post entries of the context's table (`ibv_context_ops.post_send` and `post_recv`), each
+//! choosing the RC (`rc_qp.rs`, `rc_post.rs`) or UD (`ud_qp.rs`, `ud_post.rs`) QP by its
+//! type.
 
 use core::ffi::{c_int, c_void};
 
@@ -14,16 +16,25 @@ use crate::pd::Pd;
 use crate::qp_base::is_ud;
 use crate::rc_qp::{self, Qp};
 use crate::ud_qp;
+use crate::wr_batch::{ExtOps, QpExt};
+use crate::{rc_post, ud_post};
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
     // SAFETY: forwarded contract.
-    or_null(unsafe { create_qp(pd, attr) })
+    or_null(unsafe { create_qp(pd, attr, None) })
 }
 
+/// ibv_create_qp, and ibv_create_qp_ex (`qp_ex.rs`) with the `ibv_wr_*` table of an
+/// extended QP in `ext`.
+///
 /// # Safety
 /// `pd` and the objects `attr` names are NULL or this library's.
-unsafe fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> Result<*mut IbvQp, c_int> {
+pub(crate) unsafe fn create_qp(
+    pd: *mut IbvPd,
+    attr: *mut IbvQpInitAttr,
+    ext: Option<ExtOps>,
+) -> Result<*mut IbvQp, c_int> {
     live::check(Kind::Pd, pd, "create_qp")?;
     // SAFETY: a live PD.
     let (Some(p), false) = ((unsafe { own::<Pd, _>(pd) }), attr.is_null()) else {
@@ -39,9 +50,9 @@ unsafe fn create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> Result<*mut Ibv
     }
     let qp = match a.qp_type {
         // SAFETY: `p` is `pd`; the CQs (and SRQ) are live objects of this library.
-        IBV_QPT_UD => unsafe { ud_qp::create(p, pd, a) }?,
+        IBV_QPT_UD => unsafe { ud_qp::create(p, pd, a, ext) }?,
         // SAFETY: as above.
-        IBV_QPT_RC => unsafe { rc_qp::create(p, pd, a) }?,
+        IBV_QPT_RC => unsafe { rc_qp::create(p, pd, a, ext) }?,
         other => {
             log::error!("create_qp: QP type {other} is not supported (RC and UD only)");
             return Err(libc::EOPNOTSUPP);
@@ -165,8 +176,56 @@ pub unsafe extern "C" fn bv_ibv_query_qp_data_in_order(
     0
 }
 
+/// The `ibv_qp_ex` of a QP made by ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+/// (the QP itself: its box starts with one); NULL for any other QP, as with rdma-core.
 #[no_mangle]
-pub unsafe extern "C" fn bv_ibv_qp_to_qp_ex(_qp: *mut IbvQp) -> *mut c_void {
-    // The extended post API (ibv_wr_*) is not offered; callers fall back to ibv_post_send.
-    null(libc::EOPNOTSUPP)
+pub unsafe extern "C" fn bv_ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut c_void {
+    if !live::is(Kind::Qp, qp) {
+        log::error!("ibv_qp_to_qp_ex: {qp:p} is not a live QP of this library");
+        return null(libc::EINVAL);
+    }
+    // SAFETY: a live QP of this library.
+    if unsafe { QpExt::of(qp) }.send_ops.is_some() {
+        qp as *mut c_void
+    } else {
+        null(libc::EOPNOTSUPP)
+    }
+}
+
+/// `ibv_context_ops.post_send`.
+///
+/// # Safety
+/// As ibv_post_send.
+pub(crate) unsafe extern "C" fn op_post_send(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    bad: *mut *mut IbvSendWr,
+) -> c_int {
+    // SAFETY: the caller passes a live QP.
+    if unsafe { is_ud(qp) } {
+        // SAFETY: the caller's contract.
+        unsafe { ud_post::post_send(qp, wr, bad) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rc_post::post_send(qp, wr, bad) }
+    }
+}
+
+/// `ibv_context_ops.post_recv`.
+///
+/// # Safety
+/// As ibv_post_recv.
+pub(crate) unsafe extern "C" fn op_post_recv(
+    qp: *mut IbvQp,
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+) -> c_int {
+    // SAFETY: the caller passes a live QP.
+    if unsafe { is_ud(qp) } {
+        // SAFETY: the caller's contract.
+        unsafe { ud_post::post_recv(qp, wr, bad) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { rc_post::post_recv(qp, wr, bad) }
+    }
 }

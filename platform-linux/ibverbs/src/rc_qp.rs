@@ -19,10 +19,13 @@ use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
 use crate::rc_rings::PostState;
 use crate::rc_scatter::QpScatter;
 use crate::srq::{Srq, SrqLink};
+use crate::wr_batch::{ExtOps, QpExt};
 
 #[repr(C)]
 pub(crate) struct Qp {
     pub(crate) ibv: IbvQp,
+    /// The rest of `ibv_qp_ex` and the `ibv_wr_*` batch.
+    pub(crate) ext: QpExt,
     pub(crate) qp: VQp,
     pub(crate) cap: IbvQpCap,
     pub(crate) sq_sig_all: bool,
@@ -43,7 +46,9 @@ impl Drop for Qp {
     }
 }
 
-/// ibv_create_qp for IBV_QPT_RC.
+const _: () = assert!(core::mem::offset_of!(Qp, ext) == core::mem::size_of::<IbvQp>());
+
+/// ibv_create_qp for IBV_QPT_RC (and ibv_create_qp_ex, which passes the `ibv_wr_*` table).
 ///
 /// # Safety
 /// `pd` is the PD `p` was read from; `a`'s CQs and SRQ are NULL or from this library.
@@ -51,6 +56,7 @@ pub(crate) unsafe fn create(
     p: &Pd,
     pd: *mut IbvPd,
     a: &mut IbvQpInitAttr,
+    ext: Option<ExtOps>,
 ) -> Result<*mut IbvQp, c_int> {
     // SAFETY: an SRQ from ibv_create_srq, or NULL.
     let srq = unsafe { Srq::from_ibv(a.srq) };
@@ -98,6 +104,7 @@ pub(crate) unsafe fn create(
     a.cap = cap;
     let b = Box::new(Qp {
         ibv: new_ibv_qp(p, pd, a, qpn),
+        ext: QpExt::new(&cap, ext),
         qp,
         cap,
         sq_sig_all: a.sq_sig_all != 0,

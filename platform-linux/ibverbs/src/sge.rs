@@ -10,11 +10,12 @@ use bluerdma_core::keys::MrKey;
 
 use crate::abi::{IbvRecvWr, IbvSge};
 
-/// The `n` SGEs at `sg_list` (none when `n` is 0).
+/// The `n` SGEs (or other entries of an application's array) at `sg_list` (none when `n`
+/// is 0).
 ///
 /// # Safety
 /// When `n > 0`, `sg_list` points at `n` readable entries.
-pub(crate) unsafe fn list<'a>(sg_list: *const IbvSge, n: usize) -> &'a [IbvSge] {
+pub(crate) unsafe fn list<'a, T>(sg_list: *const T, n: usize) -> &'a [T] {
     if n == 0 {
         &[]
     } else {

@@ -206,6 +206,13 @@ pub(crate) unsafe fn post_recv(
     let Some(q) = (unsafe { ud(qp) }) else {
         return libc::EINVAL;
     };
+    if q.shared.state() == QpState::Reset {
+        // Receive WRs are taken from INIT on (IBTA 10.8.2); a RESET QP has no queue.
+        log::error!("post_recv (UD): the QP is in RESET (receives are taken from INIT on)");
+        // SAFETY: the caller's bad_wr slot.
+        unsafe { set_bad(bad, wr) };
+        return libc::EINVAL;
+    }
     // SAFETY: a QP's PD lives as long as the QP.
     let pd = unsafe { Pd::of(q.ibv.pd) };
     let mut queue = q.shared.recv.lock().unwrap_or_else(|e| e.into_inner());

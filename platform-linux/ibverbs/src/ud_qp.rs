@@ -18,6 +18,7 @@ use crate::handle::{free, own};
 use crate::pd::Pd;
 use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
 use crate::ud_rx::{dispatch_for, Dispatch, UdShared};
+use crate::wr_batch::{ExtOps, QpExt};
 
 /// UD QP numbers: 0x800000 and up, apart from the card's RC QP numbers (index << 8 | key).
 const QPN_BASE: u32 = 0x80_0000;
@@ -29,6 +30,8 @@ static NEXT_QPN: AtomicU32 = AtomicU32::new(0);
 #[repr(C)]
 pub(crate) struct UdQp {
     pub ibv: IbvQp,
+    /// The rest of `ibv_qp_ex` and the `ibv_wr_*` batch.
+    pub ext: QpExt,
     pub shared: Arc<UdShared>,
     dispatch: Arc<Dispatch>,
     pub engine: Arc<Context>,
@@ -53,6 +56,7 @@ pub(crate) unsafe fn create(
     p: &Pd,
     pd: *mut IbvPd,
     a: &mut IbvQpInitAttr,
+    ext: Option<ExtOps>,
 ) -> Result<*mut IbvQp, c_int> {
     let cap = a.cap;
     let sq = caps::MAX_QP_WR;
@@ -92,6 +96,7 @@ pub(crate) unsafe fn create(
     a.cap = cap;
     let b = Box::new(UdQp {
         ibv: new_ibv_qp(p, pd, a, qpn),
+        ext: QpExt::new(&cap, ext),
         shared,
         dispatch,
         engine: Arc::clone(&p.engine),
@@ -237,3 +242,4 @@ pub(crate) unsafe fn query(
 }
 
 const _: () = assert!(core::mem::offset_of!(UdQp, ibv) == 0);
+const _: () = assert!(core::mem::offset_of!(UdQp, ext) == core::mem::size_of::<IbvQp>());
