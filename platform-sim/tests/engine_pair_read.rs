@@ -228,3 +228,41 @@ fn a_write_then_a_read_of_the_same_bytes_returns_what_was_written_in_posting_ord
     );
     assert!(p.bytes(&sink) == &pattern(20_000, 6)[..]);
 }
+
+#[test]
+fn a_zero_length_read_completes_as_a_read_of_nothing_in_posting_order() {
+    // IB allows a READ of zero bytes (rdma-core's test_qp_ex_rc_rdma_read_zero_size posts
+    // one). It moves nothing: on the wire it is the card's zero-length WRITE, and it
+    // completes as RDMA_READ with byte_len 0, after the WRITE posted before it.
+    let (mut p, c) = default_pair();
+    let source = filled(&mut p, &c, B, 64, 2);
+    let sink = buffer(&mut p, &c, A, 64);
+    let src = filled(&mut p, &c, A, 32, 3);
+    post(
+        &mut p,
+        &c,
+        A,
+        &[
+            write(1, &src, 0, &source, 32, 32),
+            read(2, &sink, 0, &source, 0, 0),
+        ],
+    );
+    let wcs = send_wcs(&mut p, &c, A, 2, ms(500));
+    let got: Vec<_> = wcs
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, WcOpcode::RdmaWrite, 32),
+            (2, WcStatus::Success, WcOpcode::RdmaRead, 0)
+        ]
+    );
+    assert!(p.bytes(&sink).iter().all(|&b| b == 0), "nothing read");
+    assert!(
+        !p.sent_by(A)
+            .any(|f| f.opcode().is_some_and(|o| o.is_read_request())),
+        "no READ request on the wire"
+    );
+}

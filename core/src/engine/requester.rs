@@ -339,12 +339,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 });
             }
         }
-        if is_read && wr.len == 0 {
-            return Err(VerbsError::InvalidArgument {
-                what: "READ of zero bytes",
-            });
-        }
-        if is_read && !self.mr_covers(wr.lkey, wr.laddr.0, wr.len, AccessFlags::REMOTE_WRITE, None)
+        // A READ of zero bytes writes nothing locally: no MR is needed (it travels as a
+        // zero-length WRITE, see `RequestOp::EmptyRead`).
+        if is_read
+            && wr.len > 0
+            && !self.mr_covers(wr.lkey, wr.laddr.0, wr.len, AccessFlags::REMOTE_WRITE, None)
         {
             return Err(VerbsError::Unsupported {
                 what: "READ into an MR without REMOTE_WRITE (the card checks REMOTE_WRITE on read responses)",

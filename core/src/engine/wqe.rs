@@ -38,6 +38,10 @@ pub(crate) enum RequestOp {
     },
     /// SEND, with immediate data or not.
     Send(Option<u32>),
+    /// RDMA READ of zero bytes. It moves no data, so it goes on the wire as the card's
+    /// zero-length WRITE (acknowledged like any other; IB checks no R_Key for either) and
+    /// completes as a READ of 0 bytes, in posting order.
+    EmptyRead,
 }
 
 /// What the application asked for.
@@ -103,6 +107,7 @@ impl Wqe {
         let op = match wr.op {
             SendOp::Write => RequestOp::Write,
             SendOp::WriteWithImm(imm) => RequestOp::WriteImm(imm),
+            SendOp::Read if wr.len == 0 => RequestOp::EmptyRead,
             SendOp::Read => RequestOp::Read { done: false },
             SendOp::Send => RequestOp::Send(None),
             SendOp::SendWithImm(imm) => RequestOp::Send(Some(imm)),
@@ -140,7 +145,7 @@ impl Wqe {
     pub(crate) fn opcode(&self) -> WorkReqOpcode {
         match self.kind {
             WqeKind::Request(r) => match r.op {
-                RequestOp::Write => WorkReqOpcode::Write,
+                RequestOp::Write | RequestOp::EmptyRead => WorkReqOpcode::Write,
                 RequestOp::WriteImm(_) => WorkReqOpcode::WriteWithImm,
                 RequestOp::Read { .. } => WorkReqOpcode::Read,
                 RequestOp::Send(None) => WorkReqOpcode::Send,
@@ -355,7 +360,7 @@ impl Wqe {
             return None;
         }
         let opcode = match r.op {
-            RequestOp::Read { .. } => WcOpcode::RdmaRead,
+            RequestOp::Read { .. } | RequestOp::EmptyRead => WcOpcode::RdmaRead,
             RequestOp::Send(_) => WcOpcode::Send,
             RequestOp::Write | RequestOp::WriteImm(_) => WcOpcode::RdmaWrite,
         };
