@@ -22,8 +22,8 @@ use bluerdma_core::wire::RdmaOpcode;
 use bluerdma_sim::inproc::{InProcessCard, SimRegs};
 use bluerdma_sim::link::{LinkPort, LinkStats, MemHub};
 use bluerdma_sim::mem::{AddressMap, HostDma, HostMemory};
-use bluerdma_sim::model::{Nic, NicConfig};
-use bluerdma_sim::rawdrv::RawDriver;
+use bluerdma_sim::model::{Nic, NicConfig, RtlStop, RtlStopPolicy};
+use bluerdma_sim::rawdrv::{RawDriver, RawError};
 use bluerdma_sim::rtl::eth::TWO_CARD_RETRY;
 use bluerdma_sim::rtl::{CsrClient, TwoCardLink};
 use bluerdma_sim::serve::{RtlAttach, ServePorts, ServedCard};
@@ -72,9 +72,15 @@ enum Card {
 }
 
 impl Card {
-    fn start(attach: Attach, name: &str, link: Box<dyn LinkPort>) -> Card {
+    fn start(
+        attach: Attach,
+        name: &str,
+        link: Box<dyn LinkPort>,
+        rtl_stops: RtlStopPolicy,
+    ) -> Card {
         let config = NicConfig {
             name: name.into(),
+            rtl_stops,
             ..NicConfig::default()
         };
         match attach {
@@ -152,20 +158,31 @@ struct Pair {
 }
 
 impl Pair {
-    fn new(attach: Attach, links: [Box<dyn LinkPort>; 2]) -> Pair {
+    /// Two cards whose RTL stops fail the test (the policy `BLUERDMA_RTL_STOPS` names, or
+    /// `rtl_stops` when given).
+    fn new(
+        attach: Attach,
+        links: [Box<dyn LinkPort>; 2],
+        rtl_stops: Option<RtlStopPolicy>,
+    ) -> Pair {
         let stats = [links[0].stats().clone(), links[1].stats().clone()];
         let [l0, l1] = links;
+        let policy = rtl_stops.unwrap_or_else(RtlStopPolicy::from_env);
         Pair {
             attach,
             cards: [
-                Card::start(attach, "blue0", l0),
-                Card::start(attach, "blue1", l1),
+                Card::start(attach, "blue0", l0, policy),
+                Card::start(attach, "blue1", l1, policy),
             ],
             links: stats,
         }
     }
 
     fn in_memory(attach: Attach) -> Pair {
+        Pair::in_memory_with(attach, None)
+    }
+
+    fn in_memory_with(attach: Attach, rtl_stops: Option<RtlStopPolicy>) -> Pair {
         let hub = MemHub::new();
         Pair::new(
             attach,
@@ -173,6 +190,7 @@ impl Pair {
                 Box::new(hub.attach(IP0).unwrap()),
                 Box::new(hub.attach(IP1).unwrap()),
             ],
+            rtl_stops,
         )
     }
 
@@ -186,7 +204,7 @@ impl Pair {
             listener.wait_connected(Duration::from_secs(5)),
             "the two-card link came up"
         );
-        Pair::new(Attach::Rtl, [Box::new(listener), Box::new(connector)])
+        Pair::new(Attach::Rtl, [Box::new(listener), Box::new(connector)], None)
     }
 
     fn quiet(&self) -> Duration {
@@ -550,17 +568,66 @@ fn undecoded_register_access_is_rejected_loudly(pair: &Pair) {
     assert!(regs.write(0x180, 1).is_err());
     assert!(regs.read(0x040).is_err());
     assert_eq!(regs.undecoded().0, 2);
+    // The RTL's simulation ends there: the card froze and names the access.
+    let shared = pair.cards[0].nic().shared();
+    assert_eq!(
+        shared.take_rtl_stop(),
+        Some(RtlStop::UndecodedRegister {
+            offset: 0x040,
+            is_write: false
+        })
+    );
+    assert!(shared.frozen());
+    assert_eq!(shared.stats.snapshot().rtl_stops, 1);
 }
 
-fn unknown_command_gets_no_response_and_is_counted(pair: &Pair) {
+fn unknown_command_stops_the_card_and_the_next_command_times_out(pair: &Pair) {
     let (mut s0, _s1) = pair.open(ALL);
     let mut d = bluerdma_core::desc::RawDesc::ZERO;
     d.0[30] = 5; // UpdateErrorPsnRecoverPoint: declared, never answered
     d.0[31] = 0x80;
     s0.drv.push_command(&d).unwrap();
-    // The next good command still completes: the card skipped the unknown one.
-    s0.drv.configure(MAC0, IP0).unwrap();
-    assert_eq!(pair.cards[0].nic().stats().snapshot().command_errors, 1);
+    // The RTL's simulation ends at it: the card answers nothing more, and the driver's
+    // wait ends in a timeout rather than a hang.
+    s0.drv.command_timeout = Duration::from_millis(300);
+    let e = s0.drv.configure(MAC0, IP0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RawError::CommandTimeout {
+                op: "SetNetworkParam"
+            }
+        ),
+        "{e}"
+    );
+    let shared = pair.cards[0].nic().shared();
+    assert_eq!(shared.stats.snapshot().command_errors, 1);
+    assert_eq!(
+        shared.take_rtl_stop(),
+        Some(RtlStop::UnknownCommand { op: 5 })
+    );
+}
+
+#[test]
+fn a_card_that_carries_on_past_rtl_stops_skips_an_unknown_command() {
+    for attach in [Attach::InProcess, Attach::Rtl] {
+        let pair = Pair::in_memory_with(attach, Some(RtlStopPolicy::Continue));
+        let (mut s0, _s1) = pair.open(ALL);
+        let mut d = bluerdma_core::desc::RawDesc::ZERO;
+        d.0[30] = 5;
+        d.0[31] = 0x80;
+        s0.drv.push_command(&d).unwrap();
+        // The next good command still completes: the card skipped the unknown one (as
+        // the synthesised hardware would, inferred), and counted it.
+        s0.drv.configure(MAC0, IP0).unwrap();
+        let stats = pair.cards[0].nic().stats().snapshot();
+        assert_eq!(
+            (stats.command_errors, stats.rtl_stops),
+            (1, 1),
+            "{attach:?}"
+        );
+        assert!(!pair.cards[0].nic().shared().frozen());
+    }
 }
 
 /// Runs each named test body once per attach path, on two cards joined by a memory hub:
@@ -593,7 +660,7 @@ on_both_attaches!(
     read_request_is_reported_with_its_extension_descriptor,
     psn_gap_produces_the_nak_packet_and_the_local_report,
     undecoded_register_access_is_rejected_loudly,
-    unknown_command_gets_no_response_and_is_counted,
+    unknown_command_stops_the_card_and_the_next_command_times_out,
 );
 
 #[test]
