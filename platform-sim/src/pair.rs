@@ -13,9 +13,11 @@
 //! frames at the same virtual times. [`Pair::run_until`] steps until a condition holds or a
 //! span of virtual time has passed.
 //!
-//! Verbs that wait for the card's command responses (open, reg_mr, create_qp, modify_qp,
-//! destroy_qp, dereg_mr) get a clock that executes the card's command ring each time the
-//! engine reads it; that one helper is the only place that knows how the engine waits.
+//! Verbs that wait for the card (open, reg_mr, create_qp, modify_qp, destroy_qp, dereg_mr)
+//! get a clock that executes the card's command ring each time the engine reads it, and its
+//! send ring when the engine keeps reading with no command to execute (dereg_mr and
+//! destroy_qp wait for the card to fetch it); that one helper is the only place that knows
+//! how the engine waits.
 //! SEND/RECV use an in-memory out-of-band channel ([`PairOob`]) that the test can delay or
 //! cut. Nothing here starts a thread or opens a socket.
 //!
@@ -250,12 +252,16 @@ pub struct Pair {
     cfg: PairConfig,
 }
 
-/// Runs a verb that waits for command responses. The clock handed to it executes the
-/// card's command ring whenever the engine reads it, so a response is there by the time
-/// the engine looks; after [`IDLE_READS_PER_MS`] reads in a row that find no command to
-/// execute, each read moves the virtual clock 1 ms, so a command the card never answers
-/// ends in the engine's command timeout rather than a spin.
+/// Runs a verb that waits for the card. The clock handed to it executes the card's command
+/// ring whenever the engine reads it, so a response is there by the time the engine looks;
+/// after [`IDLE_READS_BEFORE_SEND`] reads in a row that find no command, it fetches the
+/// send ring too (a card slower than the driver: a verb that posts a command at once does
+/// not get its send ring fetched first), and after [`IDLE_READS_PER_MS`] reads that find
+/// nothing to execute, each read moves the virtual clock 1 ms, so a command the card never
+/// answers (a frozen card) ends in the engine's timeout rather than a spin.
 const IDLE_READS_PER_MS: u32 = 64;
+/// See [`IDLE_READS_PER_MS`].
+const IDLE_READS_BEFORE_SEND: u32 = 8;
 
 fn with_command_clock<R>(
     card: &mut SteppedNic,
@@ -264,7 +270,7 @@ fn with_command_clock<R>(
 ) -> R {
     let mut idle_reads = 0u32;
     let mut read = || {
-        if card.step_commands() {
+        if card.step_commands() || idle_reads >= IDLE_READS_BEFORE_SEND && card.step_send() {
             idle_reads = 0;
         } else {
             idle_reads += 1;

@@ -166,8 +166,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Go-back-N from `from`; after a timeout (`reads_too`) also the requests of READs
     /// that were acknowledged but whose response never came.
     fn resend(&mut self, i: QpIndex, from: Psn, now: Instant, reads_too: bool) {
-        self.stats.retransmits += 1;
         let a = self.qp(i).attrs;
+        if !a.connected() {
+            // A QP in ERR (or RESET) sends nothing again: its work was flushed, and what it
+            // posted may name an MR being deregistered.
+            return;
+        }
+        self.stats.retransmits += 1;
         let path = Path::of(&a);
         let (acked, next) = (self.qp(i).req.acked_psn(), self.qp(i).req.next_psn());
         let from = if from.is_before(acked) { acked } else { from };
@@ -224,6 +229,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// The retransmission timer fired: resend from the oldest unacknowledged PSN, or fail
     /// with RETRY_EXC_ERR when no retry is left.
     pub(crate) fn on_timeout(&mut self, i: QpIndex, now: Instant) {
+        if !self.qp(i).attrs.connected() {
+            self.timers(i).set(Timer::Retransmit, None);
+            return;
+        }
         self.stats.timeouts += 1;
         if !self.qp(i).req.use_retry() {
             self.fail_qp(i, WcStatus::RetryExcErr);

@@ -502,12 +502,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Rings the doorbell for `batch`.
     pub(crate) fn flush_send(&mut self, batch: &mut Batch) {
         let descs = batch.take();
+        let n = descs.len();
         if self.send.push_batch(&self.regs, descs).is_err() {
             self.stats.send_refused += 1;
             // The caller checked the free slots; a refusal here means the card reported an
             // impossible tail. The WQEs stay Sent and the retransmission timer resends them.
-            core_error!("send ring refused a batch of {} descriptors", descs.len());
+            core_error!("send ring refused a batch of {} descriptors", n);
+            return;
         }
+        self.note_send_posted(n);
     }
 
     /// Adds one chunk's two descriptors to `batch`, flushing it to the send ring first when
@@ -534,6 +537,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// dropping: the ring drains as fast as the card fetches.
     pub(crate) fn flush_send_waiting(&mut self, batch: &mut Batch) {
         let descs = batch.take();
+        let n = descs.len();
         let mut tries = 0u32;
         while self.send.push_batch(&self.regs, descs).is_err() {
             tries += 1;
@@ -543,6 +547,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             }
             core::hint::spin_loop();
         }
+        self.note_send_posted(n);
     }
 }
 

@@ -396,6 +396,12 @@ impl SteppedNic {
         self.tx.step_commands()
     }
 
+    /// Fetches and executes the send ring (a driver waiting for the card's tail), the
+    /// frames going to the link; returns whether there were descriptors.
+    pub fn step_send(&mut self) -> bool {
+        self.tx.step_send()
+    }
+
     /// One pass of the transmit side: commands, send ring, simple-NIC TX; the frames go to
     /// the link. Returns whether there was work.
     pub fn step_tx(&mut self) -> bool {
@@ -410,8 +416,11 @@ impl SteppedNic {
     }
 
     /// When the earliest quiet timer of a receive window fires (ns on the card's clock), if
-    /// one is armed.
+    /// one is armed (a frozen card runs no timer).
     pub fn next_timer_ns(&self) -> Option<u64> {
+        if self.shared.frozen() {
+            return None;
+        }
         let quiet = self.shared.config.quiet_timeout.as_nanos() as u64;
         let state = self.shared.state();
         state

@@ -73,6 +73,10 @@ impl RxEngine {
     }
 
     fn next_timeout(&self) -> Duration {
+        if self.shared.frozen() {
+            // Nothing to flush and no timer to run: only frames to drop.
+            return Duration::from_millis(5);
+        }
         if !self.pending.is_empty() {
             return Duration::from_micros(20);
         }

@@ -98,6 +98,17 @@ impl TxEngine {
         !self.shared.frozen() && self.commands()
     }
 
+    /// Only the send ring (a driver waiting for the card to fetch it); the frames go to
+    /// the link.
+    pub fn step_send(&mut self) -> bool {
+        if self.shared.frozen() {
+            return false;
+        }
+        let work = self.send_ring();
+        self.flush_frames();
+        work
+    }
+
     fn fetch(&mut self, id: RingId) -> usize {
         self.descs.clear();
         match rings::fetch(
