@@ -608,6 +608,93 @@ fn unknown_command_stops_the_card_and_the_next_command_times_out(pair: &Pair) {
     );
 }
 
+/// Waits (at most `MAX`) until card `i` of `pair` froze at an RTL stop; takes it.
+fn frozen_at(pair: &Pair, i: usize) -> RtlStop {
+    let shared = pair.cards[i].nic().shared();
+    let deadline = std::time::Instant::now() + MAX;
+    while !shared.frozen() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "card {i} did not freeze"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    shared
+        .take_rtl_stop()
+        .expect("a frozen card names its stop")
+}
+
+fn a_wqe_whose_lkey_has_no_valid_mr_entry_freezes_the_sender(pair: &Pair) {
+    let (mut s0, mut s1) = pair.open(ALL);
+    let src = buffer(4096, |i| i as u8);
+    let dst = vec![0u8; 4096];
+    let (lkey, rkey) = (MrKey::new(3, 0x33).unwrap(), MrKey::new(2, 0x22).unwrap());
+    // The sink is registered on card 1; the source's lkey was never registered on card 0.
+    register(&mut s1, &pair.cards[1], &dst, rkey, ALL, 0);
+    let raddr = dst.as_ptr() as u64;
+    s0.drv
+        .post_send(&[
+            write_req(WorkReqOpcode::Write, &src, lkey, raddr, rkey, 64, 0),
+            write_req(WorkReqOpcode::Write, &src, lkey, raddr, rkey, 64, 1),
+        ])
+        .unwrap();
+    assert_eq!(
+        frozen_at(pair, 0),
+        RtlStop::InvalidLkey {
+            lkey: lkey.get(),
+            sqpn: QPN0
+        }
+    );
+    let stats = pair.cards[0].nic().stats().snapshot();
+    assert_eq!(
+        (stats.wqes, stats.tx_packets, stats.rtl_stops),
+        (1, 0, 1),
+        "the card stopped at the first WQE: {stats}"
+    );
+    // A frozen card answers no command either.
+    s0.drv.command_timeout = Duration::from_millis(300);
+    assert!(matches!(
+        s0.drv.configure(MAC0, IP0),
+        Err(RawError::CommandTimeout { .. })
+    ));
+    assert!(dst.iter().all(|b| *b == 0), "nothing reached the peer");
+}
+
+fn a_payloadless_wqe_that_is_not_first_and_last_freezes_the_sender(pair: &Pair) {
+    let (mut s0, _s1) = pair.open(ALL);
+    let src = buffer(64, |i| i as u8);
+    let key = MrKey::new(1, 0x11).unwrap();
+    let mut req = write_req(WorkReqOpcode::Read, &src, key, 0x1000, key, 64, 5);
+    req.seg1.is_last = false;
+    s0.drv.post_send(&[req]).unwrap();
+    assert_eq!(frozen_at(pair, 0), RtlStop::PayloadlessNotWhole { op: 4 });
+}
+
+fn an_update_pgt_that_breaks_the_staging_rules_freezes_the_card(pair: &Pair) {
+    let (mut s0, _s1) = pair.open(ALL);
+    s0.drv.command_timeout = Duration::from_millis(300);
+    // 8 bytes past a 512-byte boundary: the RTL ends its simulation (nic-behaviour.md 5.2).
+    let e = s0
+        .drv
+        .command(bluerdma_core::desc::cmd::CmdRequest::UpdatePgt(
+            bluerdma_core::desc::cmd::UpdatePgt {
+                dma_addr: bluerdma_core::addr::DeviceAddr(0x1008),
+                start_index: 0,
+                entry_count: 1,
+            },
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(e, RawError::CommandTimeout { op: "UpdatePgt" }),
+        "{e}"
+    );
+    let stop = frozen_at(pair, 0);
+    assert!(
+        matches!(&stop, RtlStop::UpdatePgt { reason } if reason.contains("512")),
+        "{stop}"
+    );
+}
+
 #[test]
 fn a_card_that_carries_on_past_rtl_stops_skips_an_unknown_command() {
     for attach in [Attach::InProcess, Attach::Rtl] {
@@ -661,6 +748,9 @@ on_both_attaches!(
     psn_gap_produces_the_nak_packet_and_the_local_report,
     undecoded_register_access_is_rejected_loudly,
     unknown_command_stops_the_card_and_the_next_command_times_out,
+    a_wqe_whose_lkey_has_no_valid_mr_entry_freezes_the_sender,
+    a_payloadless_wqe_that_is_not_first_and_last_freezes_the_sender,
+    an_update_pgt_that_breaks_the_staging_rules_freezes_the_card,
 );
 
 #[test]
