@@ -62,18 +62,6 @@ pub enum VerbsError {
         /// The command.
         op: &'static str,
     },
-    /// The card stopped fetching a ring the driver waits on (it may be frozen: the RTL
-    /// stops at some driver errors, see the card's counters).
-    CardStalled {
-        /// The ring.
-        ring: &'static str,
-        /// The verb that waited.
-        waiting_for: &'static str,
-        /// The driver's head (raw 13-bit pointer).
-        head: u16,
-        /// The card's tail as last read (raw 13-bit pointer).
-        tail: u16,
-    },
     /// A descriptor could not be built.
     Descriptor(DescError),
     /// A platform service failed.
@@ -109,16 +97,6 @@ impl fmt::Display for VerbsError {
             VerbsError::Fragment(e) => write!(f, "{e}"),
             VerbsError::CommandTimeout { op } => write!(f, "the card did not answer {op}"),
             VerbsError::CommandFailed { op } => write!(f, "the card failed {op}"),
-            VerbsError::CardStalled {
-                ring,
-                waiting_for,
-                head,
-                tail,
-            } => write!(
-                f,
-                "{waiting_for} waited for the card to fetch the {ring} ring, but its tail stays at \
-                 {tail:#x} (head {head:#x}): the card is stopped or frozen"
-            ),
             VerbsError::Descriptor(e) => write!(f, "{e}"),
             VerbsError::Platform(e) => write!(f, "{e}"),
             VerbsError::Unsupported { what } => write!(f, "not supported: {what}"),
@@ -171,16 +149,5 @@ mod tests {
         );
         let f = VerbsError::Fragment(FragmentError::TooManyPackets { packets: 1 << 23 });
         assert!(!f.to_string().contains("TooManyPackets"), "{f}");
-        let s = VerbsError::CardStalled {
-            ring: "send",
-            waiting_for: "dereg_mr",
-            head: 0x12,
-            tail: 0x10,
-        };
-        assert_eq!(
-            s.to_string(),
-            "dereg_mr waited for the card to fetch the send ring, but its tail stays at 0x10 \
-             (head 0x12): the card is stopped or frozen"
-        );
     }
 }

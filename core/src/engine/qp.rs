@@ -19,7 +19,7 @@ use super::error::VerbsError;
 use super::recv::RecvQueue;
 use super::requester::Requester;
 use super::responder::Responder;
-use super::retire::SendMark;
+use super::retire::{SendMark, DESTROY_WAIT};
 use super::storage::{QpTimers, SendQueue, SqCounters};
 use super::{Device, Platform, Storage};
 
@@ -527,7 +527,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     ) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
         let posted = self.send_mark();
-        self.wait_send_fetched(posted, "destroy_qp", clock)?;
+        self.wait_send_fetched(posted, DESTROY_WAIT, clock)?;
         self.forget_card_update(i);
         self.manage_qp(i, false, clock)?;
         self.qp(i).attrs.state = QpState::Err;

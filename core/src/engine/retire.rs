@@ -8,9 +8,9 @@
 //! A [`SendMark`] is a count of descriptors posted to the send ring; the card has fetched
 //! everything before it when the count posted minus the ring's pending descriptors has
 //! reached it (a count, not a ring pointer, so it cannot wrap). The blocking waits
-//! ([`Device::wait_send_fetched`]) give up with [`VerbsError::CardStalled`] when the card's
-//! tail stops moving for a command timeout: a frozen card is reported, never waited for
-//! forever.
+//! ([`Device::wait_send_fetched`]) give up with [`VerbsError::CommandTimeout`] (naming the
+//! wait, and logging the ring's head and tail) when the card's tail stops moving for a
+//! command timeout: a frozen card is reported, never waited for forever.
 //!
 //! What the card's tail says is "fetched": the RTL's MR lookup for a fetched WQE happens a
 //! few pipeline stages later, which the driver cannot observe (README, hardware
@@ -20,6 +20,11 @@ use crate::time::Instant;
 
 use super::error::VerbsError;
 use super::{Device, Platform, Storage};
+
+/// What `dereg_mr` waits for (named in its timeout: "the card did not answer ...").
+pub(crate) const DEREG_WAIT: &str = "the send-ring fetch dereg_mr waits for";
+/// What `destroy_qp` waits for.
+pub(crate) const DESTROY_WAIT: &str = "the send-ring fetch destroy_qp waits for";
 
 /// The descriptors posted to the send ring before some moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,8 +56,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 
     /// Waits until the card has fetched every descriptor posted before `mark` (the blocking
-    /// helper of `dereg_mr` and `destroy_qp`, named by `waiting_for`). Fails with
-    /// [`VerbsError::CardStalled`] when the card's tail has not moved for a command timeout.
+    /// helper of `dereg_mr` and `destroy_qp`; `waiting_for` names the wait in the error).
+    /// Fails with [`VerbsError::CommandTimeout`] when the card's tail has not moved for a
+    /// command timeout.
     pub(crate) fn wait_send_fetched(
         &mut self,
         mark: SendMark,
@@ -73,18 +79,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 deadline = now + timeout;
             } else if now >= deadline {
                 core_error!(
-                    "{}: the card has not fetched the send ring for {} ms (head {:#x}, tail {:#x})",
+                    "{}: the card has not fetched the send ring for {} ms (head {:#x}, tail {:#x}): it is stopped or frozen",
                     waiting_for,
                     timeout.0 / 1_000_000,
                     self.send.head().csr(),
                     tail.csr()
                 );
-                return Err(VerbsError::CardStalled {
-                    ring: "send",
-                    waiting_for,
-                    head: self.send.head().raw(),
-                    tail: tail.raw(),
-                });
+                return Err(VerbsError::CommandTimeout { op: waiting_for });
             }
             core::hint::spin_loop();
         }
