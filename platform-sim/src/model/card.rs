@@ -177,7 +177,8 @@ impl Shared {
     /// Whether an RTL stop froze the card. Also takes the driver's undecoded register
     /// accesses since the last look as RTL stops (the register file only rejects them).
     pub fn frozen(&self) -> bool {
-        let (n, last) = self.regs.undecoded();
+        // Two atomic loads on the hot path; the register file's lock only after a rejection.
+        let n = self.regs.undecoded_count();
         let seen = self.undecoded_seen.load(Ordering::Acquire);
         if n > seen
             && self
@@ -185,6 +186,7 @@ impl Shared {
                 .compare_exchange(seen, n, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
+            let (_, last) = self.regs.undecoded();
             let (offset, is_write) = last.map_or((0, false), |a| (a.offset, a.is_write));
             self.rtl_stop_at(RtlStop::UndecodedRegister { offset, is_write });
         }

@@ -137,6 +137,12 @@ impl RegisterFile {
         self.counters[counter_slot(c)].load(Ordering::Relaxed)
     }
 
+    /// How many undecoded accesses were rejected (one atomic load: the card asks at every
+    /// step).
+    pub fn undecoded_count(&self) -> u64 {
+        self.undecoded.load(Ordering::Relaxed)
+    }
+
     /// How many undecoded accesses were rejected, and the last one.
     pub fn undecoded(&self) -> (u64, Option<UndecodedAccess>) {
         let last = self.last_undecoded.lock().ok().and_then(|g| *g);
