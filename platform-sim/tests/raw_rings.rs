@@ -696,6 +696,33 @@ fn an_update_pgt_that_breaks_the_staging_rules_freezes_the_card(pair: &Pair) {
 }
 
 #[test]
+fn a_threaded_card_that_froze_fails_its_owner_when_dropped_unless_the_stop_was_taken() {
+    let start = |name: &str| {
+        let hub = MemHub::new();
+        let config = NicConfig {
+            name: name.into(),
+            rtl_stops: RtlStopPolicy::Fail,
+            ..NicConfig::default()
+        };
+        InProcessCard::start(config, Box::new(hub.attach(IP0).unwrap())).unwrap()
+    };
+    let card = start("blue9");
+    assert!(card.nic.regs().write(0x180, 1).is_err());
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(card)));
+    let panic = dropped.expect_err("dropping a card that froze under `fail` panics");
+    let text = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        text.contains("blue9") && text.contains("undecoded_register"),
+        "{text}"
+    );
+    // A stop its owner took (and reported) does not panic again.
+    let card = start("blue8");
+    assert!(card.nic.regs().read(0x040).is_err());
+    assert!(card.nic.shared().take_rtl_stop().is_some());
+    drop(card);
+}
+
+#[test]
 fn a_card_that_carries_on_past_rtl_stops_skips_an_unknown_command() {
     for attach in [Attach::InProcess, Attach::Rtl] {
         let pair = Pair::in_memory_with(attach, Some(RtlStopPolicy::Continue));
