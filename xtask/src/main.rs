@@ -34,6 +34,12 @@ use std::time::{Duration, Instant};
 const RISCV_TARGET: &str = "riscv32imac-unknown-none-elf";
 
 fn main() -> ExitCode {
+    // Every emulated card the tasks start freezes where the RTL stops and fails the test or
+    // run that caused it, naming the event (platform-sim/src/model/stops.rs); children
+    // inherit it. Set before any thread exists.
+    if env::var_os("BLUERDMA_RTL_STOPS").is_none() {
+        env::set_var("BLUERDMA_RTL_STOPS", "fail");
+    }
     let args: Vec<String> = env::args().skip(1).collect();
     let root = project_root();
     let result = match args.first().map(String::as_str) {
@@ -79,7 +85,9 @@ fn print_help() {
          the verbs API (--faults SPEC, --pcap FILE, --seed N, --port N, --only TEXT,\n                 \
          --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details);\n                 \
          --backend rtl|pci runs the verbs scenarios on cards served by bluerdma-sim\n                 \
-         serve (the RTL protocol) or pci-serve (a fake PCI card, root only)\n  \
+         serve (the RTL protocol) or pci-serve (a fake PCI card, root only); the\n                 \
+         cards freeze where the RTL stops and the run fails naming the event\n                 \
+         (BLUERDMA_RTL_STOPS=continue lets them carry on)\n  \
          doctor [opts]  checks this machine for the real card and prints the fix for each\n                 \
          problem (`cargo xtask doctor --help`)\n  \
          perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
