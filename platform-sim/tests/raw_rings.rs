@@ -137,6 +137,10 @@ fn rkey_violation_writes_nothing_and_bumps_the_right_counter(pair: &Pair) {
     assert!(dst.iter().all(|b| *b == 0), "not one byte written");
     let regs = pair.cards[1].nic().regs();
     let n = (raddr + 8191) / 4096 - raddr / 4096 + 1;
+    // The quiet period says no report came; the card's counters are read once they have
+    // counted (a loaded machine may run the card's receive thread later than that).
+    let counted = |c: Counter, want: u64| wait_for(|| regs.counter(c) as u64 >= want);
+    counted(Counter::InvalidMrKey, n);
     assert_eq!(
         regs.counter(Counter::InvalidMrKey) as u64,
         n,
@@ -160,6 +164,7 @@ fn rkey_violation_writes_nothing_and_bumps_the_right_counter(pair: &Pair) {
     assert!(packets(&reports)
         .iter()
         .all(|(op, _)| *op != RdmaOpcode::WriteLast));
+    counted(Counter::MemOutOfBounds, 1);
     assert!(regs.counter(Counter::MemOutOfBounds) >= 1);
     assert_eq!(dst[8191], 0, "the last byte of the MR is untouched");
 }
@@ -412,4 +417,13 @@ fn serve_command_runs_a_card_a_simulator_driver_can_use() {
         rest.contains(" commands=7 ") && rest.contains(" rx_payload_bytes=5000 "),
         "final counters: {rest}"
     );
+}
+
+/// Polls `done` until it holds, for at most 30 s (what the card counts on its own threads
+/// arrives when they run; the assertion after the wait says what was expected).
+fn wait_for(done: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
