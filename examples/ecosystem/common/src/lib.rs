@@ -44,7 +44,12 @@ pub fn device_names() -> (String, String) {
 /// `len` bytes no two positions of which a shifted or truncated copy would match.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(seed as u32 % 32) as u8 ^ seed)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 32) as u8
+                ^ seed
+        })
         .collect()
 }
 
@@ -104,7 +109,9 @@ impl Report {
 
     /// Checks one field of a completion.
     pub fn field<T: PartialEq + Display>(&mut self, wc: &str, field: &str, got: T, want: T) {
-        self.check(got == want, || format!("{wc}: {field} is {got}, expected {want}"));
+        self.check(got == want, || {
+            format!("{wc}: {field} is {got}, expected {want}")
+        });
     }
 
     /// Records a failure that ends the example early (an error of the crate's API).
@@ -118,7 +125,10 @@ impl Report {
         let ms = start.elapsed().as_secs_f64() * 1e3;
         match self.failures.first() {
             None => {
-                println!("{program}: ok: {summary}; {} checks passed in {ms:.0} ms", self.passed);
+                println!(
+                    "{program}: ok: {summary}; {} checks passed in {ms:.0} ms",
+                    self.passed
+                );
                 ExitCode::SUCCESS
             }
             Some(first) => {
@@ -135,7 +145,10 @@ impl Report {
 
 /// Polls `poll` until it returns `Some`, or [`COMPLETION_WAIT`] passes (then an error naming
 /// `what`).
-pub fn wait_for<T>(what: &str, mut poll: impl FnMut() -> Result<Option<T>, String>) -> Result<T, String> {
+pub fn wait_for<T>(
+    what: &str,
+    mut poll: impl FnMut() -> Result<Option<T>, String>,
+) -> Result<T, String> {
     let deadline = Instant::now() + COMPLETION_WAIT;
     loop {
         if let Some(v) = poll()? {
@@ -165,8 +178,16 @@ mod tests {
         let mut bad = Report::default();
         bad.bytes("w", &got, &want);
         assert_eq!(bad.failures.len(), 2, "{:?}", bad.failures);
-        assert!(bad.failures[0].contains("byte 7 of 100"), "{}", bad.failures[0]);
-        assert!(bad.failures[1].contains("guard byte at 100"), "{}", bad.failures[1]);
+        assert!(
+            bad.failures[0].contains("byte 7 of 100"),
+            "{}",
+            bad.failures[0]
+        );
+        assert!(
+            bad.failures[1].contains("guard byte at 100"),
+            "{}",
+            bad.failures[1]
+        );
     }
 
     #[test]

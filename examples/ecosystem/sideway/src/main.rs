@@ -65,11 +65,18 @@ fn open(list: &DeviceList, name: &str, psn: u32) -> Result<Side, String> {
         .find(|d| d.name() == name)
         .ok_or_else(|| format!("device {name} not in ibv_get_device_list"))?;
     let ctx = dev.open().map_err(|e| format!("open {name}: {e}"))?;
-    let dattr = ctx.query_device().map_err(|e| format!("{name}: query_device: {e}"))?;
+    let dattr = ctx
+        .query_device()
+        .map_err(|e| format!("{name}: query_device: {e}"))?;
     if dattr.phys_port_cnt() < PORT {
-        return Err(format!("{name}: phys_port_cnt {} has no port {PORT}", dattr.phys_port_cnt()));
+        return Err(format!(
+            "{name}: phys_port_cnt {} has no port {PORT}",
+            dattr.phys_port_cnt()
+        ));
     }
-    let port = ctx.query_port(PORT).map_err(|e| format!("{name}: query_port: {e}"))?;
+    let port = ctx
+        .query_port(PORT)
+        .map_err(|e| format!("{name}: query_port: {e}"))?;
     if port.port_state() != PortState::Active {
         return Err(format!("{name}: port {PORT} is not ACTIVE"));
     }
@@ -83,9 +90,14 @@ fn open(list: &DeviceList, name: &str, psn: u32) -> Result<Side, String> {
         .query_gid(PORT, GID_INDEX.into())
         .map_err(|e| format!("{name}: query_gid: {e}"))?;
     if gid != entry.gid() {
-        return Err(format!("{name}: query_gid {gid} != query_gid_ex {}", entry.gid()));
+        return Err(format!(
+            "{name}: query_gid {gid} != query_gid_ex {}",
+            entry.gid()
+        ));
     }
-    let pd = ctx.alloc_pd().map_err(|e| format!("{name}: alloc_pd: {e}"))?;
+    let pd = ctx
+        .alloc_pd()
+        .map_err(|e| format!("{name}: alloc_pd: {e}"))?;
     let cq = ctx
         .create_cq_builder()
         .setup_cqe(16)
@@ -122,7 +134,9 @@ fn connect(side: &mut Side, peer: (u32, u32, Gid, u16)) -> Result<(), String> {
         .setup_pkey_index(0)
         .setup_port(PORT)
         .setup_access_flags(AccessFlags::LocalWrite | AccessFlags::RemoteWrite);
-    side.qp.modify(&attr).map_err(|e| format!("{name}: INIT: {e}"))?;
+    side.qp
+        .modify(&attr)
+        .map_err(|e| format!("{name}: INIT: {e}"))?;
 
     let mut av = AddressHandleAttribute::new();
     av.setup_dest_lid(peer_lid)
@@ -139,7 +153,9 @@ fn connect(side: &mut Side, peer: (u32, u32, Gid, u16)) -> Result<(), String> {
         .setup_max_dest_read_atomic(1)
         .setup_min_rnr_timer(12)
         .setup_address_vector(&av);
-    side.qp.modify(&attr).map_err(|e| format!("{name}: RTR: {e}"))?;
+    side.qp
+        .modify(&attr)
+        .map_err(|e| format!("{name}: RTR: {e}"))?;
 
     let mut attr = QueuePairAttribute::new();
     attr.setup_state(QueuePairState::ReadyToSend)
@@ -148,7 +164,9 @@ fn connect(side: &mut Side, peer: (u32, u32, Gid, u16)) -> Result<(), String> {
         .setup_retry_cnt(7)
         .setup_rnr_retry(7)
         .setup_max_read_atomic(1);
-    side.qp.modify(&attr).map_err(|e| format!("{name}: RTS: {e}"))
+    side.qp
+        .modify(&attr)
+        .map_err(|e| format!("{name}: RTS: {e}"))
 }
 
 /// Everything on `cq` now (none: `Ok(None)`).
@@ -179,7 +197,11 @@ fn completions(side: &Side, n: usize) -> Result<Vec<Wc>, String> {
     Ok(got)
 }
 
-fn reg(pd: &Arc<ProtectionDomain>, buf: &mut [u8], what: &str) -> Result<Arc<MemoryRegion>, String> {
+fn reg(
+    pd: &Arc<ProtectionDomain>,
+    buf: &mut [u8],
+    what: &str,
+) -> Result<Arc<MemoryRegion>, String> {
     let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite;
     // SAFETY: `buf` is a live heap buffer of `buf.len()` bytes that outlives the MR (every
     // MR is dropped in `run` before the buffers, and no WR is outstanding then).
@@ -212,8 +234,16 @@ fn run(report: &mut Report) -> Result<String, String> {
     let mut guard = b.qp.start_post_recv();
     let wr = guard.construct_wr(WR_RECV);
     // SAFETY: the SGE is inside `b_recv_mr`, which outlives the receive's completion.
-    unsafe { wr.setup_sge(b_recv_mr.lkey(), b_recv.as_mut_ptr() as u64, b_recv.len() as u32) };
-    guard.post().map_err(|e| format!("{b_name}: post_recv: {e}"))?;
+    unsafe {
+        wr.setup_sge(
+            b_recv_mr.lkey(),
+            b_recv.as_mut_ptr() as u64,
+            b_recv.len() as u32,
+        )
+    };
+    guard
+        .post()
+        .map_err(|e| format!("{b_name}: post_recv: {e}"))?;
 
     // One ibv_wr_start .. ibv_wr_complete batch: the WRITE, then the SEND.
     let mut guard = a.qp.start_post_send();
@@ -222,17 +252,33 @@ fn run(report: &mut Report) -> Result<String, String> {
         .setup_write(b_write_mr.rkey(), b_write.as_ptr() as u64);
     // SAFETY: the SGE is inside `a_write_mr`, which outlives the WRITE's completion.
     unsafe { wr.setup_sge(a_write_mr.lkey(), a_write.as_ptr() as u64, WRITE_LEN as u32) };
-    let wr = guard.construct_wr(WR_SEND, WorkRequestFlags::Signaled).setup_send();
+    let wr = guard
+        .construct_wr(WR_SEND, WorkRequestFlags::Signaled)
+        .setup_send();
     // SAFETY: as above, inside `a_send_mr`.
     unsafe { wr.setup_sge(a_send_mr.lkey(), a_send.as_ptr() as u64, SEND_LEN as u32) };
-    guard.post().map_err(|e| format!("{a_name}: ibv_wr_complete: {e}"))?;
+    guard
+        .post()
+        .map_err(|e| format!("{a_name}: ibv_wr_complete: {e}"))?;
 
     let sends = completions(&a, 2)?;
     let recvs = completions(&b, 1)?;
     let success = WorkCompletionStatus::Success as u32;
     let expect = [
-        (&sends[0], "WRITE completion", WR_WRITE, WorkCompletionOperationType::Write, None),
-        (&sends[1], "SEND completion", WR_SEND, WorkCompletionOperationType::Send, None),
+        (
+            &sends[0],
+            "WRITE completion",
+            WR_WRITE,
+            WorkCompletionOperationType::Write,
+            None,
+        ),
+        (
+            &sends[1],
+            "SEND completion",
+            WR_SEND,
+            WorkCompletionOperationType::Send,
+            None,
+        ),
         (
             &recvs[0],
             "RECV completion",
