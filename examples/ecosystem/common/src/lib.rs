@@ -25,6 +25,10 @@ pub const GUARD_BYTE: u8 = 0xA5;
 /// program with a message instead of hanging it.
 pub const COMPLETION_WAIT: Duration = Duration::from_secs(30);
 
+/// The requester's first send PSN: a few packets before the 24-bit wrap, so the WRITE and
+/// the SEND cross it (outside 0x7FFFF0..0xFFFF7F, the first PSNs the card cannot take).
+pub const FIRST_PSN: u32 = 0xFF_FFFD;
+
 /// The work-request ids the examples post.
 pub const WR_WRITE: u64 = 0x5752_4954; // "WRIT"
 /// The SEND's work-request id.

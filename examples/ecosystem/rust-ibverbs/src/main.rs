@@ -19,8 +19,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use eco_common::{
-    device_names, pattern, target, wait_for, Report, GUARD, SEND_LEN, WRITE_LEN, WR_RECV, WR_SEND,
-    WR_WRITE,
+    device_names, pattern, target, wait_for, Report, FIRST_PSN, GUARD, SEND_LEN, WRITE_LEN,
+    WR_RECV, WR_SEND, WR_WRITE,
 };
 use ibverbs::{
     ibv_qp_type, ibv_wc, ibv_wc_opcode, CompletionQueue, Context, PreparedQueuePair,
@@ -155,7 +155,7 @@ fn write(report: &mut Report, a_name: &str, b_name: &str) -> Result<(), String> 
     let b = raw::RawSide::open(b_name, target(WRITE_LEN))?;
     let (a_qpn, a_gid, _, _) = a.endpoint();
     let (b_qpn, b_gid, b_addr, b_rkey) = b.endpoint();
-    let (a_psn, b_psn) = (0x00_0100, 0xFF_FFF8);
+    let (a_psn, b_psn) = (FIRST_PSN, 0x00_0100);
     a.connect(b_qpn, b_gid, b_psn, a_psn)?;
     b.connect(a_qpn, a_gid, a_psn, b_psn)?;
     a.post_write(WRITE_LEN, b_addr, b_rkey, WR_WRITE)?;

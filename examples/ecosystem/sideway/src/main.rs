@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use eco_common::{
-    device_names, pattern, target, wait_for, Report, SEND_LEN, WRITE_LEN, WR_RECV, WR_SEND,
-    WR_WRITE,
+    device_names, pattern, target, wait_for, Report, FIRST_PSN, SEND_LEN, WRITE_LEN, WR_RECV,
+    WR_SEND, WR_WRITE,
 };
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid, GidType};
 use sideway::ibverbs::completion::{
@@ -212,8 +212,8 @@ fn reg(
 fn run(report: &mut Report) -> Result<String, String> {
     let (a_name, b_name) = device_names();
     let list = DeviceList::new().map_err(|e| format!("ibv_get_device_list: {e}"))?;
-    let mut a = open(&list, &a_name, 0x00_1234)?;
-    let mut b = open(&list, &b_name, 0xFF_FFF0)?;
+    let mut a = open(&list, &a_name, FIRST_PSN)?;
+    let mut b = open(&list, &b_name, 0x00_1234)?;
 
     let write_src = pattern(0x11, WRITE_LEN);
     let send_src = pattern(0x22, SEND_LEN);
