@@ -1,6 +1,8 @@
 //! sideway (crates.io `sideway`, RDMA-Rust) over the blue-rdma libibverbs.so.1 stand-in.
 //!
-//! One process opens bluerdma0 (requester) and bluerdma1 (responder) through sideway, makes
+//! One process opens bluerdma0 (requester) and bluerdma1 (responder) through sideway (and
+//! queries them: `ibv_query_device_ex`, `ibv_query_port`, `ibv_query_gid_ex`, `ibv_query_gid`,
+//! `ibv_query_gid_table`, which must agree on GID 0, a RoCEv2 GID), makes
 //! an extended CQ (`ibv_create_cq_ex`) and an extended RC QP (`ibv_create_qp_ex`) on each,
 //! connects them with the QPN, PSN and GID exchanged in-process, and posts one batch of two
 //! work requests through sideway's `ibv_wr_*` guard: an RDMA WRITE of
