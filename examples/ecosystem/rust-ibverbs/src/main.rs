@@ -77,8 +77,13 @@ fn build_qp<'r>(
     if ctx.gid_table().len() <= GID_INDEX as usize {
         return Err(format!("{name}: the GID table has no entry {GID_INDEX}"));
     }
+    // The crate's default local ACK timeout is 4 (65 us, 7 tries): a card ACKs in a few us,
+    // but the emulated card on a loaded 2-core machine misses that now and then and the SEND
+    // completes RETRY_EXC_ERR although it arrived. 14 (67 ms) is what perftest and
+    // ibv_rc_pingpong use.
     pd.create_qp(cq, cq, ibv_qp_type::IBV_QPT_RC)
         .set_gid_index(GID_INDEX)
+        .set_timeout(14)
         .build()
         .map_err(|e| format!("{name}: build QP: {e}"))
 }
