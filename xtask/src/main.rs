@@ -14,9 +14,12 @@
 //! - `cargo xtask fuzz [SECS]`: every cargo-fuzz target of tests/fuzz for SECS seconds
 //!   (`fuzz.rs`); `ci` runs each for a few seconds.
 //! - `cargo xtask pyverbs`: rdma-core's own test suite over the stand-in (`pyverbs.rs`).
+//! - `cargo xtask ecosystem`: the Rust RDMA crates (rust-ibverbs, sideway) over the stand-in
+//!   (`ecosystem.rs`, programs in examples/ecosystem).
 
 mod backends;
 mod cluster;
+mod ecosystem;
 mod firmware;
 mod fuzz;
 mod perftest;
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Some("rdmacm") => rdmacm::rdmacm(&root, &args[1..]),
         Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
         Some("pyverbs") => pyverbs::pyverbs(&root, &args[1..]),
+        Some("ecosystem") => ecosystem::ecosystem(&root, &args[1..]),
         Some("firmware") => firmware::run(&root),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
@@ -100,6 +104,8 @@ fn print_help() {
          target/ibverbs/librdmacm.so.1, then the crate's tests (`cargo xtask rdmacm --help`)\n  \
          pyverbs [opts] rdma-core's own tests (python3-pyverbs) over target/ibverbs/; needs\n                 \
          root (`cargo xtask pyverbs --help`)\n  \
+         ecosystem [opts] the Rust crates rust-ibverbs and sideway (crates.io) over\n                 \
+         target/ibverbs/: a WRITE and a SEND per crate (`cargo xtask ecosystem --help`)\n  \
          firmware       the firmware rows of ci alone: build, size, core with defmt, QEMU boot\n  \
          fuzz [SECS]    every fuzz target of tests/fuzz for SECS seconds (default 60; nightly\n                 \
          and cargo-fuzz); a table of runs and crashes, non-zero exit on a crash"
@@ -314,6 +320,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     }
     rows.push(perftest::ci_row(root, quick, backends::Backend::Emulated));
     rows.push(rdmacm::ci_row(root));
+    rows.push(ecosystem::ci_row(root));
     rows.push(pyverbs::ci_row(root));
     // The other backends at sizes that keep CI short (the fake PCI card needs root).
     for backend in [backends::Backend::Rtl, backends::Backend::Pci] {
