@@ -15,8 +15,9 @@
 //!   only, one per call and 32 per call (`cargo bench -p bluerdma-linux --bench post_rate`),
 //!   against the issue's goal of 5 M WR/s.
 //!
-//! The baselines run in `xtask --features tcp-baseline bench --baseline` (release) so that
-//! a plain `cargo xtask` stays std-only.
+//! Every perftest case runs `--repeat` times (3 by default), the two links back to back in
+//! each round, and the median is reported. The baselines run in `xtask --features
+//! tcp-baseline bench --baseline` (release) so that a plain `cargo xtask` stays std-only.
 //!
 //! Wiring (main.rs): `mod bench;` and `Some("bench") => bench::bench(&root, &args[1..])`.
 
@@ -34,10 +35,11 @@ const DEFAULT_PORT: u16 = 18700;
 /// The issue's goal for post_send (one 64 B WRITE), in WR/s.
 const POST_GOAL: f64 = 5e6;
 /// Bytes in perftest's MB.
+#[cfg(feature = "tcp-baseline")]
 const MIB: f64 = (1u64 << 20) as f64;
 
 const USAGE: &str = "\
-usage: cargo xtask bench [--quick] [--no-udp] [--timeout SECS] [--port N]
+usage: cargo xtask bench [--quick] [--no-udp] [--repeat N] [--timeout SECS] [--port N]
 
 Prints in one run, each next to its baseline of the same run as a ratio: ib_write_bw 64 KiB
 and 1 MiB, ib_read_bw and ib_send_bw 64 KiB (vs a TCP loopback stream of the same chunk),
@@ -48,8 +50,9 @@ stand-in on the default devices (or BLUERDMA_DEVICES); ib_write_bw and ib_write_
 on the shared-memory link and again on the UDP link (BLUERDMA_LINK_SHM=0).
 
 options:
-  --quick         fewer iterations and shorter baselines
+  --quick         fewer iterations, shorter baselines, one round
   --no-udp        skip the runs on the UDP link
+  --repeat N      rounds of every perftest case, the median reported (default 3, quick 1)
   --timeout SECS  hard limit per tool pair (default 60)
   --port N        first TCP exchange port (-p); run i uses N + i (default 18700)
 ";
@@ -57,6 +60,7 @@ options:
 struct Opts {
     quick: bool,
     udp: bool,
+    repeat: u32,
     timeout: Duration,
     port: u16,
 }
@@ -66,6 +70,7 @@ impl Opts {
         let mut o = Opts {
             quick: false,
             udp: true,
+            repeat: 0,
             timeout: Duration::from_secs(60),
             port: DEFAULT_PORT,
         };
@@ -81,6 +86,7 @@ impl Opts {
                 "--quick" => o.quick = true,
                 "--no-udp" => o.udp = false,
                 "--timeout" => o.timeout = Duration::from_secs(number("a number")?.max(1)),
+                "--repeat" => o.repeat = number("a number")?.clamp(1, 100) as u32,
                 "--port" => {
                     o.port = u16::try_from(number("a port")?).map_err(|_| "bench: bad --port")?
                 }
@@ -90,6 +96,9 @@ impl Opts {
                 }
                 other => return Err(format!("bench: unknown option `{other}`\n{USAGE}")),
             }
+        }
+        if o.repeat == 0 {
+            o.repeat = if o.quick { 1 } else { 3 };
         }
         Ok(Some(o))
     }
@@ -102,6 +111,55 @@ impl Opts {
             (5000, 1000, 5000)
         }
     }
+}
+
+/// What a perftest case is compared with.
+#[derive(Clone, Copy)]
+enum Base {
+    Stream64k,
+    Stream1m,
+    PingPong,
+}
+
+/// One perftest row of the table (run on the shared-memory link, and on UDP if `udp_too`).
+struct Case {
+    name: &'static str,
+    tool: &'static str,
+    tag: [&'static str; 2],
+    size: usize,
+    iters: u32,
+    udp_too: bool,
+    base: Base,
+}
+
+/// The runs of one case on one link, and their median.
+#[derive(Default)]
+struct Runs {
+    values: Vec<f64>,
+    cpu_s: Vec<f64>,
+    errors: Vec<String>,
+}
+
+impl Runs {
+    fn add(&mut self, f: PairFigure) {
+        match f.value {
+            Ok(v) => {
+                self.values.push(v);
+                self.cpu_s.push(f.cpu_s);
+            }
+            Err(e) => self.errors.push(e),
+        }
+    }
+
+    fn value(&self) -> Option<f64> {
+        median(&self.values)
+    }
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 /// `cargo xtask bench [OPTIONS]`.
@@ -121,41 +179,100 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     let base = measure_baseline(root, &opts)?;
     let posts = post_rate(root, &opts);
     let (n64, n1m, nlat) = opts.iters();
-    let args = |size: usize, n: u32| -> Vec<String> {
-        vec!["-s".into(), size.to_string(), "-n".into(), n.to_string()]
+    let case = |name, tool, tag, size, iters, udp_too, base| Case {
+        name,
+        tool,
+        tag,
+        size,
+        iters,
+        udp_too,
+        base,
     };
-    let udp_env = vec![("BLUERDMA_LINK_SHM".to_string(), "0".to_string())];
-    let mut port = opts.port;
-    let mut run =
-        |tool: &'static str, tag: &'static str, a: Vec<String>, env: &[(String, String)]| {
-            println!(
-                "bench: {tool} {}{}",
-                a.join(" "),
-                if env.is_empty() { "" } else { " (UDP link)" }
-            );
-            let fig = runner.run(tool, tag, &a, env, port);
-            port = port.wrapping_add(1);
-            fig
-        };
-    let shm = [
-        run("ib_write_bw", "64k", args(65536, n64), &[]),
-        run("ib_write_bw", "1m", args(1 << 20, n1m), &[]),
-        run("ib_read_bw", "64k", args(65536, n64), &[]),
-        run("ib_send_bw", "64k", args(65536, n64), &[]),
-        run("ib_write_lat", "8", args(8, nlat), &[]),
+    let cases = [
+        case(
+            "ib_write_bw 64 KiB",
+            "ib_write_bw",
+            ["64k", "64k udp"],
+            65536,
+            n64,
+            true,
+            Base::Stream64k,
+        ),
+        case(
+            "ib_write_bw 1 MiB",
+            "ib_write_bw",
+            ["1m", "1m udp"],
+            1 << 20,
+            n1m,
+            true,
+            Base::Stream1m,
+        ),
+        case(
+            "ib_read_bw 64 KiB",
+            "ib_read_bw",
+            ["64k", ""],
+            65536,
+            n64,
+            false,
+            Base::Stream64k,
+        ),
+        case(
+            "ib_send_bw 64 KiB",
+            "ib_send_bw",
+            ["64k", ""],
+            65536,
+            n64,
+            false,
+            Base::Stream64k,
+        ),
+        case(
+            "ib_write_lat 8 B (t_typical)",
+            "ib_write_lat",
+            ["8", "8 udp"],
+            8,
+            nlat,
+            true,
+            Base::PingPong,
+        ),
     ];
-    let udp = opts.udp.then(|| {
-        [
-            run("ib_write_bw", "64k udp", args(65536, n64), &udp_env),
-            run("ib_write_bw", "1m udp", args(1 << 20, n1m), &udp_env),
-            run("ib_write_lat", "8 udp", args(8, nlat), &udp_env),
-        ]
-    });
+    let udp_env = [("BLUERDMA_LINK_SHM".to_string(), "0".to_string())];
+    let mut results: Vec<[Runs; 2]> = cases.iter().map(|_| Default::default()).collect();
+    let mut port = opts.port;
+    // Rounds of every case, the two links back to back: a load that comes and goes hits
+    // both alike, and the median of the rounds is reported.
+    for round in 1..=opts.repeat {
+        for (c, runs) in cases.iter().zip(results.iter_mut()) {
+            let args = [
+                "-s".into(),
+                c.size.to_string(),
+                "-n".into(),
+                c.iters.to_string(),
+            ];
+            for (link, env) in [(0, &[][..]), (1, &udp_env[..])] {
+                if link == 1 && !(c.udp_too && opts.udp) {
+                    continue;
+                }
+                let on = ["shared memory", "UDP"][link];
+                println!(
+                    "bench: round {round}/{}: {} {} on {on}",
+                    opts.repeat,
+                    c.tool,
+                    args.join(" ")
+                );
+                runs[link].add(runner.run(c.tool, c.tag[link], &args, env, port));
+                port = port.wrapping_add(1);
+                if port < 1024 {
+                    port = opts.port;
+                }
+            }
+        }
+    }
 
     println!();
+    let quick = if opts.quick { " --quick" } else { "" };
     println!(
-        "cargo xtask bench{} ({date})",
-        if opts.quick { " --quick" } else { "" }
+        "cargo xtask bench{quick} ({date}; median of {} rounds)",
+        opts.repeat
     );
     let rule = "-".repeat(100);
     println!(
@@ -167,56 +284,52 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
         let ratio = ratio.map_or("-".into(), |r| format!("{r:.2}x"));
         println!("{case:<34} {link:<5} {ours:>16}  {baseline:<30} {ratio:>7}");
     };
-    let mb = |f: &PairFigure| f.value.as_ref().ok().copied();
-    let bw_rows: [(&str, usize, Option<usize>, f64); 4] = [
-        ("ib_write_bw 64 KiB", 0, Some(0), base.stream_64k_mb_s),
-        ("ib_write_bw 1 MiB", 1, Some(1), base.stream_1m_mb_s),
-        ("ib_read_bw 64 KiB", 2, None, base.stream_64k_mb_s),
-        ("ib_send_bw 64 KiB", 3, None, base.stream_64k_mb_s),
-    ];
-    let stream_name = |i: usize| {
-        if i == 1 {
-            "TCP stream 1 MiB"
-        } else {
-            "TCP stream 64 KiB"
-        }
-    };
-    for (case, i, udp_i, tcp) in bw_rows {
-        let b = format!("{} {tcp:.0} MB/s", stream_name(i));
-        let show = |f: &PairFigure, link: &str| match &f.value {
-            Ok(v) => row(case, link, format!("{v:.0} MB/s"), b.clone(), Some(v / tcp)),
-            Err(e) => row(case, link, "FAILED".into(), e.clone(), None),
+    for (c, runs) in cases.iter().zip(&results) {
+        let (tcp, baseline, unit) = match c.base {
+            Base::Stream64k => (
+                base.stream_64k_mb_s,
+                format!("TCP stream 64 KiB {:.0} MB/s", base.stream_64k_mb_s),
+                "MB/s",
+            ),
+            Base::Stream1m => (
+                base.stream_1m_mb_s,
+                format!("TCP stream 1 MiB {:.0} MB/s", base.stream_1m_mb_s),
+                "MB/s",
+            ),
+            Base::PingPong => (
+                base.pingpong_us,
+                format!("TCP 8 B half RTT {:.2} us", base.pingpong_us),
+                "us",
+            ),
         };
-        show(&shm[i], "shm");
-        if let (Some(u), Some(j)) = (&udp, udp_i) {
-            show(&u[j], "udp");
+        for (link, r) in ["shm", "udp"].iter().zip(runs) {
+            match (r.value(), r.errors.first()) {
+                (Some(v), _) if unit == "us" => row(
+                    c.name,
+                    link,
+                    format!("{v:.2} us"),
+                    baseline.clone(),
+                    Some(v / tcp),
+                ),
+                (Some(v), _) => row(
+                    c.name,
+                    link,
+                    format!("{v:.0} MB/s"),
+                    baseline.clone(),
+                    Some(v / tcp),
+                ),
+                (None, Some(e)) => row(c.name, link, "FAILED".into(), e.clone(), None),
+                (None, None) => {}
+            }
         }
     }
-    let b = format!("TCP 8 B half RTT {:.2} us", base.pingpong_us);
-    let lat = |f: &PairFigure, link: &str| match &f.value {
-        Ok(v) => row(
-            "ib_write_lat 8 B (t_typical)",
-            link,
-            format!("{v:.2} us"),
-            b.clone(),
-            Some(v / base.pingpong_us),
-        ),
-        Err(e) => row(
-            "ib_write_lat 8 B (t_typical)",
-            link,
-            "FAILED".into(),
-            e.clone(),
-            None,
-        ),
-    };
-    lat(&shm[4], "shm");
-    if let Some(u) = &udp {
-        lat(&u[2], "udp");
-    }
-    let (n1m_bytes, tcp_cpu) = (f64::from(n1m) * MIB, base.stream_1m_cpu_s_per_gb);
-    let cpu = |f: &PairFigure, link: &str| {
-        let per_gb = f.cpu_s / (n1m_bytes / 1e9);
-        if f.value.is_ok() && f.cpu_s > 0.0 {
+    // CPU per GB of the 1 MiB WRITEs: both processes, per 10^9 bytes written.
+    let gb = c_bytes(&cases[1]) / 1e9;
+    let tcp_cpu = base.stream_1m_cpu_s_per_gb;
+    let memcpy = 1.0 / base.memcpy_gb_s;
+    for (link, r) in ["shm", "udp"].iter().zip(&results[1]) {
+        if let Some(cpu) = median(&r.cpu_s).filter(|c| *c > 0.0) {
+            let per_gb = cpu / gb;
             row(
                 "CPU per GB, ib_write_bw 1 MiB",
                 link,
@@ -224,7 +337,6 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
                 format!("TCP stream 1 MiB {tcp_cpu:.3} s/GB"),
                 Some(per_gb / tcp_cpu),
             );
-            let memcpy = 1.0 / base.memcpy_gb_s;
             row(
                 "",
                 "",
@@ -233,10 +345,6 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
                 Some(per_gb / memcpy),
             );
         }
-    };
-    cpu(&shm[1], "shm");
-    if let Some(u) = &udp {
-        cpu(&u[1], "udp");
     }
     let goal = format!("goal {:.0} M WR/s", POST_GOAL / 1e6);
     match &posts {
@@ -268,29 +376,34 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     println!(
         "ratio = ours / baseline (bandwidth: higher is better; latency and CPU: lower is better)"
     );
-    if let Some(u) = &udp {
-        let vs = |a: &PairFigure, b: &PairFigure| match (mb(a), mb(b)) {
+    if opts.udp {
+        let vs = |i: usize| match (results[i][0].value(), results[i][1].value()) {
             (Some(a), Some(b)) => format!("{:.2}x", a / b),
             _ => "-".into(),
         };
         println!(
             "shared memory / UDP link, same run: ib_write_bw 64 KiB {}, 1 MiB {}, ib_write_lat {}",
-            vs(&shm[0], &u[0]),
-            vs(&shm[1], &u[1]),
-            vs(&shm[4], &u[2])
+            vs(0),
+            vs(1),
+            vs(4)
         );
     }
-    println!("logs in target/xtask/bench");
-    let failed = shm
+    println!("logs of the last round in target/xtask/bench");
+    let failed: usize = results
         .iter()
-        .chain(udp.iter().flatten())
-        .filter(|f| f.value.is_err())
-        .count()
+        .flatten()
+        .map(|r| r.errors.len())
+        .sum::<usize>()
         + posts.is_err() as usize;
     if failed > 0 {
-        return Err(format!("bench: {failed} measurements failed (see above)"));
+        return Err(format!("bench: {failed} runs failed (see above)"));
     }
     Ok(())
+}
+
+/// Bytes a bandwidth case writes (perftest's `-n` messages of `-s` bytes).
+fn c_bytes(c: &Case) -> f64 {
+    f64::from(c.iters) * c.size as f64
 }
 
 /// The figures of [`baseline_main`].

@@ -205,6 +205,16 @@ impl ShmLink {
     }
 }
 
+impl Drop for ShmLink {
+    fn drop(&mut self) {
+        log::info!(
+            "link {}: closed: {:?}",
+            self.udp.local_addr(),
+            self.udp.stats().snapshot()
+        );
+    }
+}
+
 /// A transmit handle: rings for the cards that have one, UDP for the rest.
 struct ShmSender {
     out: Arc<Mutex<Outbound>>,
