@@ -2,10 +2,10 @@
 //! card's address, which announces the card to the others on the host, carries the rings
 //! they pass it, and wakes it when it sleeps.
 //!
-//! A card at `ip` on link port `port` binds `<dir>/net-<netns>/<ip>:<port>.bell`, where
-//! `<dir>` is `/dev/shm/bluerdma-link` by default and `<netns>` the inode of the process's
-//! network namespace (cards in two namespaces may share addresses; they never share a
-//! bell). The owner of the card's UDP address is the only one that binds it, so a stale
+//! A card at `ip` on link port `port` binds `<dir>/net-<netns>-<uid>/<ip>:<port>.bell`,
+//! where `<dir>` is `/dev/shm/bluerdma-link` by default, `<netns>` the inode of the
+//! process's network namespace (cards in two namespaces may share addresses; they never
+//! share a bell) and `<uid>` the user's (the directory is theirs alone). The owner of the card's UDP address is the only one that binds it, so a stale
 //! socket file left by a process that died is replaced without asking.
 //!
 //! Messages (version 1; a message that breaks a rule is dropped whole, its descriptors
@@ -30,7 +30,7 @@ use std::io;
 use std::mem;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::ptr;
@@ -157,10 +157,19 @@ impl BellMsg {
     }
 }
 
-/// The directory of the bells of this network namespace under `base`, created if missing.
+/// The directory of this user's bells in this network namespace under `base`
+/// (`base/net-<netns inode>-<uid>`, mode 0700), created if missing. A `base` this call
+/// creates is made writable by every user, sticky, like `/tmp`, so that each user gets a
+/// directory of their own in it.
 pub fn namespace_dir(base: &Path) -> io::Result<PathBuf> {
     let netns = std::fs::metadata("/proc/self/ns/net")?.ino();
-    let dir = base.join(format!("net-{netns}"));
+    let uid = std::fs::metadata("/proc/self")?.uid();
+    if !base.exists() {
+        std::fs::DirBuilder::new().recursive(true).create(base)?;
+        // Another user's process may have created it meanwhile; then its mode stays theirs.
+        let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o1777));
+    }
+    let dir = base.join(format!("net-{netns}-{uid}"));
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

@@ -2,8 +2,8 @@
 //! memory, and over UDP to every other card.
 //!
 //! A [`ShmLink`] is a [`UdpLink`] that also announces its card on the host ([`bell`]): a
-//! Unix datagram socket at `/dev/shm/bluerdma-link/net-<netns>/<ip>:<port>.bell`. When a
-//! card sends to an address whose bell answers, it creates a ring of frame slots ([`ring`],
+//! Unix datagram socket at `/dev/shm/bluerdma-link/net-<netns>-<uid>/<ip>:<port>.bell`.
+//! When a card sends to an address whose bell answers, it creates a ring of frame slots ([`ring`],
 //! one per direction, in a sealed memfd), passes it over the bell, and once the receiver
 //! has acknowledged it in the ring's header, writes frames for that address straight into
 //! the ring's slots: one copy in, one copy out, no system call while both cards are busy.
@@ -66,7 +66,7 @@ const BELL_BATCH: usize = 64;
 /// How a [`ShmLink`] sets up and watches its rings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShmConfig {
-    /// The directory whose `net-<netns>` subdirectory holds the bells.
+    /// The directory whose `net-<netns>-<uid>` subdirectory holds the bells.
     pub dir: PathBuf,
     /// The slots of each ring this card sends into.
     pub geometry: Geometry,
