@@ -431,3 +431,45 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_sender_whose_ring_was_let_go_attaches_a_new_one() {
+    let dir = TestDir::new();
+    let (mut shm, _) = cards(&dir.cfg(), &[A, B], 2);
+    let (mut b, mut a) = (shm.pop().unwrap(), shm.pop().unwrap());
+    let port = b.udp().local_addr().port();
+    until_shm(&mut a, &mut b, A, B);
+    // B takes another ring "from A": it lets A's real one go.
+    let other = TxRing::create(
+        RingId {
+            src: A,
+            dst: B,
+            port,
+            nonce: 5,
+        },
+        ShmConfig::default().geometry,
+    )
+    .unwrap();
+    pass_ring(&dir, B, port, A, &other);
+    let deadline = Instant::now() + FAILSAFE;
+    while !other.attached() {
+        assert!(Instant::now() < deadline);
+        b.recv_frames(Duration::from_millis(1), &mut |_| {})
+            .unwrap();
+    }
+    // A's frames are not lost in a ring nobody reads: A notices and passes a new ring.
+    let before = b.stats().snapshot().shm_frames_received;
+    let mut n = 0;
+    while b.stats().snapshot().shm_frames_received == before {
+        assert!(
+            Instant::now() < deadline,
+            "A kept writing into a ring B let go"
+        );
+        a.send_frames(&[&frame(A, B, n, 64)]).unwrap();
+        n += 1;
+        b.recv_frames(Duration::from_millis(1), &mut |_| {})
+            .unwrap();
+    }
+    assert!(!other.attached(), "the impostor's ring was let go in turn");
+    assert_eq!(a.peers().sending, [B]);
+}

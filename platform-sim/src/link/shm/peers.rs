@@ -7,9 +7,9 @@
 //! [`ShmConfig::retry`]. A bell means a card on this host: a ring is created and passed to
 //! it, and frames keep going over UDP until the card acknowledges the ring (in its header),
 //! then into the ring. A ring the card has not acknowledged after
-//! [`ShmConfig::attach_timeout`], a card that no longer answers its bell (probed every
-//! [`ShmConfig::probe_every`] and whenever its ring is full), and a ring whose tail is
-//! impossible all send the destination back to UDP.
+//! [`ShmConfig::attach_timeout`], a card that no longer answers its bell or has let the
+//! ring go (both checked every [`ShmConfig::probe_every`] and whenever its ring is full),
+//! and a ring whose tail is impossible all send the destination back to UDP.
 //!
 //! A full ring is waited on for up to [`ShmConfig::full_wait`] (the receiver is woken
 //! first); frames that still find no room are counted as sent and dropped at the receiver
@@ -184,8 +184,8 @@ impl Outbound {
             Some(Peer::Active(tx)) if now >= tx.next_probe => {
                 tx.next_probe = now + self.cfg.probe_every;
                 match tx.bell.send(BellMsg::Probe, None) {
-                    Ok(()) => Next::Keep,
-                    Err(_) => Next::Gone,
+                    Ok(()) if tx.ring.attached() => Next::Keep,
+                    _ => Next::Gone,
                 }
             }
             Some(Peer::Active(_)) => Next::Keep,
@@ -279,7 +279,7 @@ fn push(tx: &mut TxPeer, frame: &[u8], cfg: &ShmConfig, stats: &LinkStats) -> Pu
             if tx.ring.publish() && tx.bell.send(BellMsg::Wake, None).is_err() {
                 return Pushed::Gone;
             }
-            if tx.bell.send(BellMsg::Probe, None).is_err() {
+            if tx.bell.send(BellMsg::Probe, None).is_err() || !tx.ring.attached() {
                 return Pushed::Gone;
             }
             let deadline = Instant::now() + cfg.full_wait;

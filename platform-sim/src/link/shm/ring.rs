@@ -19,7 +19,7 @@
 //! | 144..152 | frames the sender dropped because the ring stayed full | sender |
 //! | 256..264 | tail: slots consumed | receiver |
 //! | 264..268 | sleeping: 1 while the receiver waits for a wake-up | receiver, cleared by the sender |
-//! | 272..280 | attached: the nonce, once the receiver reads the ring | receiver |
+//! | 272..280 | attached: the nonce while the receiver reads the ring, 0 before and after | receiver |
 //! | 4096.. | N slots of S bytes: frame length L (u32), 4 reserved bytes, the L frame bytes | sender |
 //!
 //! Slot `i % N` holds frame `i`. The sender writes frames at its own head and then
@@ -671,6 +671,14 @@ impl RxRing {
     /// The sender's count of frames it dropped for a full ring.
     pub fn dropped(&self) -> u64 {
         self.map.u64(OFF_DROPPED).load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RxRing {
+    /// Takes the acknowledgement back: a sender that still writes finds out (at its next
+    /// probe or full ring) that nobody reads, and goes back to UDP.
+    fn drop(&mut self) {
+        self.map.u64(OFF_ATTACHED).store(0, Ordering::Release);
     }
 }
 
