@@ -4,8 +4,8 @@
 //! [`crate::mem::DEVICE_OFFSET`].
 //!
 //! [`device_link`] builds the Ethernet port such a card gets as a device of the verbs API:
-//! the UDP link at the device's address, with seeded faults and a pcap capture stacked on
-//! it when asked for.
+//! the UDP link at the device's address (with shared-memory rings to the cards of this
+//! host), with seeded faults and a pcap capture stacked on it when asked for.
 
 use std::fmt;
 use std::io;
@@ -17,8 +17,8 @@ use bluerdma_core::platform::RegisterAccess;
 use bluerdma_core::regs::Reg;
 
 use crate::link::{
-    CaptureDirection, CapturingLink, FaultConfig, FaultyLink, LinkPort, PcapSink, UdpLink,
-    UdpLinkConfig,
+    CaptureDirection, CapturingLink, FaultConfig, FaultyLink, LinkPort, PcapSink, ShmConfig,
+    ShmLink, UdpLink, UdpLinkConfig,
 };
 use crate::mem::{AddressMap, HostDma, HostMemory};
 use crate::model::regs::RegisterFile;
@@ -95,6 +95,9 @@ pub struct DeviceLinkOptions {
     /// Capture both directions into this pcap file (unbuffered: a process that exits
     /// without closing the device still leaves every frame in it).
     pub capture: Option<PathBuf>,
+    /// Rings in shared memory to the cards of this host ([`ShmLink`]); `None`: UDP only.
+    /// [`ShmConfig::from_env`] gives what devices use.
+    pub shm: Option<ShmConfig>,
 }
 
 /// Why [`device_link`] failed; the text names the address or file.
@@ -160,7 +163,8 @@ impl fmt::Display for DeviceLinkError {
 impl std::error::Error for DeviceLinkError {}
 
 /// The Ethernet port of an emulated device at `ip`: the UDP link (reaching peers over the
-/// host's network when `ip` is not a loopback address), then the faults, then the capture.
+/// host's network when `ip` is not a loopback address) with rings to the cards of this host
+/// when `opts.shm` asks for them, then the faults, then the capture.
 pub fn device_link(
     ip: Ipv4Addr,
     opts: &DeviceLinkOptions,
@@ -174,6 +178,16 @@ pub fn device_link(
     }
     let port = cfg.port;
     let udp = UdpLink::bind(cfg).map_err(|source| DeviceLinkError::Bind { ip, port, source })?;
+    let udp: Box<dyn LinkPort> = match opts.shm.clone() {
+        Some(shm) => match ShmLink::over(udp, shm) {
+            Ok(link) => Box::new(link),
+            Err((udp, e)) => {
+                log::warn!("{ip}: no shared-memory link ({e}); UDP only");
+                udp
+            }
+        },
+        None => Box::new(udp),
+    };
     let link: Box<dyn LinkPort> = match opts.faults {
         Some(f) => {
             Box::new(FaultyLink::new(udp, f).map_err(|e| DeviceLinkError::Faults(e.to_string()))?)

@@ -7,6 +7,8 @@
 //!   that xtask itself stays free of dependencies).
 //! - `cargo xtask perftest`: ibverbs-utils and perftest over the libibverbs.so.1 stand-in
 //!   on the emulated NIC, next to a TCP baseline (`perftest.rs`).
+//! - `cargo xtask bench`: the headline figures next to their same-run baselines
+//!   (`bench.rs`).
 //! - `cargo xtask cluster [N]`: UCX and Open MPI over the stand-in on N namespaced nodes
 //!   (`cluster.rs`); `ci` runs it with 2 nodes.
 //! - `cargo xtask rdmacm`: rdma_cm programs (rping, udaddy, perftest -R) over the
@@ -18,6 +20,7 @@
 //!   (`ecosystem.rs`, programs in examples/ecosystem).
 
 mod backends;
+mod bench;
 mod cluster;
 mod ecosystem;
 mod firmware;
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         Some("sim") => sim(&root, &args[1..]),
         Some("doctor") => doctor(&root, &args[1..]),
         Some("perftest") => perftest::perftest(&root, &args[1..]),
+        Some("bench") => bench::bench(&root, &args[1..]),
         Some("cluster") => cluster::cluster(&root, &args[1..]),
         Some("rdmacm") => rdmacm::rdmacm(&root, &args[1..]),
         Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
@@ -97,6 +101,8 @@ fn print_help() {
          perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
          target/ibverbs/libibverbs.so.1 on the emulated NIC, with a TCP baseline;\n                 \
          a table, non-zero exit on any failure (`cargo xtask perftest --help`)\n  \
+         bench [opts]   the headline figures (ib_write_bw, ib_write_lat, post_send rate, CPU\n                 \
+         per GB) each next to its same-run baseline (`cargo xtask bench --help`)\n  \
          cluster [N]    UCX (ucx_info, ucx_perftest) and an MPI test on N emulated nodes\n                 \
          (namespaces on a bridge), then over UCX's TCP; needs root, not in ci\n                 \
          (`cargo xtask cluster --help`)\n  \

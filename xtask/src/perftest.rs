@@ -520,6 +520,9 @@ pub(crate) struct Proc {
     pub(crate) exit: Option<Exit>,
     started: Instant,
     ended: Option<Instant>,
+    /// CPU time (user + system, clock ticks) at the last poll while it ran: the whole of
+    /// it once it has ended, read from its zombie before it is reaped.
+    cpu_ticks: u64,
 }
 
 impl Proc {
@@ -529,6 +532,7 @@ impl Proc {
             exit: None,
             started: Instant::now(),
             ended: None,
+            cpu_ticks: 0,
         }
     }
 
@@ -538,12 +542,16 @@ impl Proc {
             exit: Some(Exit::NoStart),
             started: Instant::now(),
             ended: Some(Instant::now()),
+            cpu_ticks: 0,
         }
     }
 
     /// Records the exit if the command has ended; true once it has.
     pub(crate) fn poll(&mut self) -> bool {
         if self.exit.is_none() {
+            if let Some(ticks) = self.child.as_ref().and_then(|c| cpu_ticks(c.id())) {
+                self.cpu_ticks = ticks;
+            }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 self.exit = Some(status.into());
                 self.ended = Some(Instant::now());
@@ -571,6 +579,24 @@ impl Proc {
     pub(crate) fn elapsed(&self) -> Duration {
         self.ended.unwrap_or_else(Instant::now) - self.started
     }
+
+    /// CPU seconds (user + system) the command used, as last sampled (every 20 ms by
+    /// [`wait_all`]; the last sample of a command that ended is its total).
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        self.cpu_ticks as f64 / CLOCK_TICKS_PER_S
+    }
+}
+
+/// `sysconf(_SC_CLK_TCK)` on Linux.
+const CLOCK_TICKS_PER_S: f64 = 100.0;
+
+/// utime + stime of process `pid` from `/proc/PID/stat` (also readable while it is a
+/// zombie, before it is reaped).
+pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the command name.
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 /// Waits for every command until `deadline`, then kills the ones still running. Once one
@@ -631,6 +657,8 @@ struct ToolRun {
     problem: Option<String>,
     log: PathBuf,
     command: String,
+    /// CPU seconds the command used.
+    cpu_s: f64,
 }
 
 impl ToolRun {
@@ -806,6 +834,107 @@ impl RunCtx<'_> {
     }
 }
 
+/// One perftest server/client pair at a time through the stand-in, for `cargo xtask bench`
+/// (`bench.rs`): the library built, the tools installed, the devices of
+/// `BLUERDMA_DEVICES` (or the default two) checked free.
+pub(crate) struct PairRunner {
+    lib_dir: PathBuf,
+    logs: PathBuf,
+    timeout: Duration,
+    server_ip: String,
+}
+
+/// What one pair measured.
+pub(crate) struct PairFigure {
+    /// The client's headline figure (MB/s, 2^20 B, for `ib_*_bw`; t_typical usec for
+    /// `ib_*_lat`), or what went wrong.
+    pub(crate) value: Result<f64, String>,
+    /// CPU seconds of both processes together.
+    pub(crate) cpu_s: f64,
+}
+
+impl PairRunner {
+    /// Builds the stand-in and installs the tools if they are missing.
+    pub(crate) fn new(root: &Path, timeout: Duration, logs: &str) -> Result<Self, String> {
+        let lib_dir = build_library(root)?;
+        let opts = Opts {
+            timeout,
+            ..Opts::parse(&[])?.ok_or("no default options")?
+        };
+        ensure_tools(&opts)?;
+        let ips = device_ips();
+        if ips.len() < 2 {
+            return Err(format!(
+                "needs two devices, BLUERDMA_DEVICES gives {}",
+                ips.len()
+            ));
+        }
+        check_link_ports_free(&ips)?;
+        let logs = root.join("target").join("xtask").join(logs);
+        fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+        Ok(Self {
+            lib_dir,
+            logs,
+            timeout,
+            server_ip: ips[0].clone(),
+        })
+    }
+
+    /// Runs `tool ARGS -p PORT` as server on bluerdma0 and client on bluerdma1 with `env`
+    /// added; `tag` names the run in the log files.
+    pub(crate) fn run(
+        &self,
+        tool: &'static str,
+        tag: &'static str,
+        args: &[String],
+        env: &[(String, String)],
+        port: u16,
+    ) -> PairFigure {
+        let ctx = RunCtx {
+            lib_dir: &self.lib_dir,
+            logs: &self.logs,
+            timeout: self.timeout,
+            env,
+        };
+        let check = if tool.ends_with("_lat") {
+            Check::Lat
+        } else {
+            Check::Bw
+        };
+        let pair = Pair {
+            tool,
+            tag,
+            args: args.to_vec(),
+            check,
+        };
+        let runs = ctx.pair(&pair, port, &self.server_ip);
+        let cpu_s = runs.iter().map(|r| r.cpu_s).sum();
+        let value = match runs.iter().find(|r| !r.ok()) {
+            Some(bad) => {
+                eprintln!(
+                    "bench: FAILED {} {} (exit {}): {}; last lines of {}:",
+                    bad.label,
+                    bad.role,
+                    bad.exit,
+                    bad.problem.as_deref().unwrap_or(&bad.command),
+                    bad.log.display()
+                );
+                print_tail_folded(&read_log(&bad.log), 12);
+                Err(format!(
+                    "{} {} failed (exit {})",
+                    bad.label, bad.role, bad.exit
+                ))
+            }
+            None => runs
+                .iter()
+                .find(|r| r.role == "client")
+                .and_then(|r| r.value)
+                .ok_or_else(|| format!("{tool}: no figure")),
+        };
+        PairFigure { value, cpu_s }
+    }
+}
+
 /// Starts `cmd` with no standard input and its stdout and stderr (interleaved) in `log`.
 /// The program runs line-buffered under `stdbuf` (which execs it, same pid) when that is
 /// installed, so that a command killed at its deadline still leaves what it printed.
@@ -873,6 +1002,7 @@ fn finish(
         problem: problem.filter(|_| exit == Exit::Code(0)),
         log,
         command,
+        cpu_s: p.cpu_seconds(),
     }
 }
 

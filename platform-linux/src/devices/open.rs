@@ -84,6 +84,7 @@ fn emulated(spec: &DeviceSpec, settings: &Settings) -> Result<Backend, OpenError
             .pcap_dir
             .as_ref()
             .map(|d| d.join(format!("{}.pcap", spec.name))),
+        shm: bluerdma_sim::link::ShmConfig::from_env(),
     };
     crate::backend::emulated::open_on_udp(spec, &opts)
 }

@@ -3,6 +3,8 @@
 //!
 //! - [`UdpLink`] (the default): one UDP socket per card at 127.0.0.x, frames routed by their
 //!   IPv4 destination and packed several to a datagram ([`udp`], [`datagram`]).
+//! - [`ShmLink`]: the UDP link plus rings in shared memory to the cards of the same host,
+//!   chosen by itself per destination ([`shm`]).
 //! - [`MemHub`]: the same routing inside one process, for deterministic tests ([`mem`]).
 //! - [`FaultyLink`]: seeded drop, duplicate, reorder and corrupt on transmit ([`fault`]).
 //! - [`CapturingLink`]: a pcap record of the frames ([`pcap`]).
@@ -20,6 +22,7 @@ pub mod mem;
 mod mmsg;
 pub mod pcap;
 pub mod route;
+pub mod shm;
 mod stats;
 pub mod udp;
 
@@ -29,6 +32,7 @@ use std::time::Duration;
 pub use fault::{FaultConfig, FaultConfigError, FaultDecision, FaultyLink, FAULTS_ENV};
 pub use mem::{MemHub, MemPort};
 pub use pcap::{CaptureDirection, CapturingLink, PcapSink, PcapWriter};
+pub use shm::{ShmConfig, ShmLink, ShmPeers};
 pub use stats::{LinkCounter, LinkStats, LinkStatsSnapshot};
 pub use udp::{UdpLink, UdpLinkConfig};
 

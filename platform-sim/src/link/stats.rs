@@ -36,11 +36,15 @@ pub enum LinkCounter {
     /// Units lost because this port's receive queue was full: datagrams dropped by the
     /// kernel (UDP, from `SO_RXQ_OVFL`) or frames refused by a full queue (memory hub).
     RxQueueDrops,
+    /// Frames of [`LinkCounter::FramesSent`] that went into a shared-memory ring.
+    ShmFramesSent,
+    /// Frames of [`LinkCounter::FramesReceived`] that came out of a shared-memory ring.
+    ShmFramesReceived,
 }
 
 impl LinkCounter {
     /// Every counter, in the order of [`LinkStatsSnapshot`]'s fields.
-    pub const ALL: [LinkCounter; 12] = [
+    pub const ALL: [LinkCounter; 14] = [
         LinkCounter::FramesSent,
         LinkCounter::FramesReceived,
         LinkCounter::FramesDropped,
@@ -53,6 +57,8 @@ impl LinkCounter {
         LinkCounter::DatagramsReceived,
         LinkCounter::BadDatagrams,
         LinkCounter::RxQueueDrops,
+        LinkCounter::ShmFramesSent,
+        LinkCounter::ShmFramesReceived,
     ];
 }
 
@@ -105,6 +111,8 @@ impl LinkStats {
             datagrams_received: self.get(C::DatagramsReceived),
             bad_datagrams: self.get(C::BadDatagrams),
             rx_queue_drops: self.get(C::RxQueueDrops),
+            shm_frames_sent: self.get(C::ShmFramesSent),
+            shm_frames_received: self.get(C::ShmFramesReceived),
         }
     }
 
@@ -136,6 +144,8 @@ pub struct LinkStatsSnapshot {
     pub datagrams_received: u64,
     pub bad_datagrams: u64,
     pub rx_queue_drops: u64,
+    pub shm_frames_sent: u64,
+    pub shm_frames_received: u64,
 }
 
 #[cfg(test)]
@@ -163,8 +173,10 @@ mod tests {
             s.datagrams_received,
             s.bad_datagrams,
             s.rx_queue_drops,
+            s.shm_frames_sent,
+            s.shm_frames_received,
         ];
-        assert_eq!(values, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert_eq!(values, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
     }
 
     #[test]

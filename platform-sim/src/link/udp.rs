@@ -170,6 +170,13 @@ impl UdpLink {
     }
 }
 
+impl AsFd for UdpLink {
+    /// The socket the port receives on (for a transport that waits on it with others).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.tx.socket.as_fd()
+    }
+}
+
 /// Waits up to `timeout` (with nanosecond resolution) for `fd` to become readable.
 fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
