@@ -9,7 +9,7 @@ use core::net::Ipv4Addr;
 use core::ptr::NonNull;
 
 use crate::addr::{DeviceAddr, PageSize, VirtAddr};
-use crate::oob::{RecvTooShort, RecvWr};
+use crate::oob::{AtomicMessage, AtomicOp, RecvTooShort, RecvWr};
 use crate::regs::Reg;
 
 /// What a platform operation can fail with. Small and `Copy` so it travels through the
@@ -240,6 +240,70 @@ pub trait MemoryResolver {
         page: PageSize,
         out: &mut [DeviceAddr],
     ) -> Result<(), PlatformError>;
+    /// Executes `op` on the 64-bit integer at `va` and returns the value it held before:
+    /// the responder's half of an atomic, which the card cannot do. It must be atomic with
+    /// respect to every other call on the same memory ([`atomic_in_place`] is, for memory
+    /// the CPU reaches at `va`). [`PlatformError::Unsupported`] if the platform cannot
+    /// reach user memory.
+    ///
+    /// # Safety
+    /// `va` is 8-byte aligned, and `[va, va + 8)` lies in a range this resolver pinned
+    /// with `write` and has not unpinned.
+    unsafe fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError>;
+    /// Writes `bytes` at `va` (the original value of an atomic, into the requester's sink).
+    ///
+    /// # Safety
+    /// `[va, va + bytes.len())` lies in a range this resolver pinned with `write` and has
+    /// not unpinned.
+    unsafe fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError>;
+}
+
+/// [`MemoryResolver::atomic`] for a platform whose CPU reaches user memory at its virtual
+/// address (every platform here: the process's own memory, or the soft-core's identity
+/// window). With 64-bit atomics on the target it is a `fetch_add` or a `compare_exchange`,
+/// atomic against every other atomic access to the same 8 bytes in the address space
+/// (both devices of one process, CPU threads); without them (a 32-bit soft-core) a plain
+/// read-modify-write, which is still atomic against the other atomics of the engine,
+/// because it executes them one at a time. Neither is atomic against the card's DMA (a
+/// WRITE to the same bytes) or a plain CPU store.
+///
+/// # Safety
+/// `va` is 8-byte aligned and the 8 bytes there are valid for reads and writes.
+pub unsafe fn atomic_in_place(va: VirtAddr, op: AtomicOp) -> u64 {
+    let ptr = va.0 as usize as *mut u64;
+    #[cfg(target_has_atomic = "64")]
+    {
+        use core::sync::atomic::{AtomicU64, Ordering};
+        // SAFETY: the caller's contract: aligned, valid, and (as for any memory the card
+        // may write) accessed by others only through atomics or DMA while this runs.
+        let cell = unsafe { AtomicU64::from_ptr(ptr) };
+        match op {
+            AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CompareSwap { compare, swap } => cell
+                .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
+                .unwrap_or_else(|old| old),
+        }
+    }
+    #[cfg(not(target_has_atomic = "64"))]
+    {
+        // SAFETY: the caller's contract: aligned and valid for reads and writes.
+        unsafe {
+            let old = core::ptr::read_volatile(ptr);
+            core::ptr::write_volatile(ptr, op.apply(old));
+            old
+        }
+    }
+}
+
+/// [`MemoryResolver::write`] for a platform whose CPU reaches user memory at its virtual
+/// address (see [`atomic_in_place`]).
+///
+/// # Safety
+/// `[va, va + bytes.len())` is valid for writes.
+pub unsafe fn write_in_place(va: VirtAddr, bytes: &[u8]) {
+    // SAFETY: the caller's contract; `bytes` is a borrow of other memory, so the two do
+    // not overlap.
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), va.0 as usize as *mut u8, bytes.len()) }
 }
 
 /// Something that arrived on the out-of-band channel.
@@ -260,6 +324,16 @@ pub enum OobEvent {
         /// Which receive WR, the SEND's length and the requester's QPN.
         rec: RecvTooShort,
     },
+    /// An atomic request from the driver at `from` (the responder executes it), or the
+    /// reply to one of ours. A transport that held our request for a peer without
+    /// [`crate::oob::Capabilities::ATOMICS`] makes the reply itself
+    /// ([`crate::oob::AtomicReply::refusal`], status unsupported), `from` that peer.
+    Atomic {
+        /// IP address of the other device (the connection's source).
+        from: Ipv4Addr,
+        /// The request or reply.
+        msg: AtomicMessage,
+    },
     /// The connection to `peer` broke; QPs that depend on it must go to the error state.
     PeerLost {
         /// The peer's IP address.
@@ -276,6 +350,11 @@ pub trait OobTransport {
     /// without it nothing is sent (the transport counts it). May return
     /// [`PlatformError::WouldBlock`].
     fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError>;
+    /// Queues an atomic request or reply for the device at `peer`. A request for a peer
+    /// whose hello lacks [`crate::oob::Capabilities::ATOMICS`] is not sent: the transport
+    /// answers it with an [`OobEvent::Atomic`] reply of status unsupported. May return
+    /// [`PlatformError::WouldBlock`].
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError>;
     /// Takes the next event, if any. Never blocks.
     fn poll(&mut self) -> Option<OobEvent>;
 }
@@ -294,6 +373,9 @@ impl OobTransport for NoOob {
         _peer: Ipv4Addr,
         _rec: &RecvTooShort,
     ) -> Result<(), PlatformError> {
+        Err(PlatformError::Unsupported)
+    }
+    fn send_atomic(&mut self, _peer: Ipv4Addr, _msg: &AtomicMessage) -> Result<(), PlatformError> {
         Err(PlatformError::Unsupported)
     }
     fn poll(&mut self) -> Option<OobEvent> {

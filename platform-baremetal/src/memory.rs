@@ -5,7 +5,8 @@
 use core::ops::Range;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
-use bluerdma_core::platform::{MemoryResolver, PlatformError};
+use bluerdma_core::oob::AtomicOp;
+use bluerdma_core::platform::{atomic_in_place, write_in_place, MemoryResolver, PlatformError};
 
 /// Identity translation over a window of physical memory the card may reach.
 #[derive(Clone, Debug)]
@@ -35,6 +36,18 @@ impl MemoryResolver for IdentityMemory {
     }
 
     fn unpin(&mut self, _va: VirtAddr, _len: usize) {}
+
+    unsafe fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        // SAFETY: the caller's contract: aligned, inside a range pinned for writing, which
+        // is physical memory of the window, at its own address.
+        Ok(unsafe { atomic_in_place(va, op) })
+    }
+
+    unsafe fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        // SAFETY: as for `atomic`.
+        unsafe { write_in_place(va, bytes) };
+        Ok(())
+    }
 
     fn translate(
         &mut self,

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
+use bluerdma_core::oob::AtomicOp;
 use bluerdma_core::platform::{
     DmaAllocator, DmaBuffer, MemoryResolver, Platform, PlatformError, RegisterAccess,
 };
@@ -85,6 +86,14 @@ impl MemoryResolver for DynMem {
         out: &mut [DeviceAddr],
     ) -> Result<(), PlatformError> {
         self.0.translate(va, page, out)
+    }
+    unsafe fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        // SAFETY: the caller's promise is passed on to the resolver that pinned the range.
+        unsafe { self.0.atomic(va, op) }
+    }
+    unsafe fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        // SAFETY: as for `atomic`.
+        unsafe { self.0.write(va, bytes) }
     }
 }
 

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use bluerdma_core::oob::{RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use super::{BackendSpec, DeviceEntry, DeviceList, Settings};
@@ -187,6 +187,11 @@ impl<T: OobTransport> OobTransport for MappedOob<T> {
             .map_err(|e| self.error(e))
     }
 
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
+        let to = self.out(peer);
+        self.inner.send_atomic(to, msg).map_err(|e| self.error(e))
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         Some(match self.inner.poll()? {
             OobEvent::RecvWr { from, wr } => OobEvent::RecvWr {
@@ -196,6 +201,10 @@ impl<T: OobTransport> OobTransport for MappedOob<T> {
             OobEvent::RecvTooShort { from, rec } => OobEvent::RecvTooShort {
                 from: self.back(from),
                 rec,
+            },
+            OobEvent::Atomic { from, msg } => OobEvent::Atomic {
+                from: self.back(from),
+                msg,
             },
             OobEvent::PeerLost { peer } => OobEvent::PeerLost {
                 peer: self.back(peer),

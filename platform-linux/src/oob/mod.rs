@@ -8,9 +8,13 @@
 //! (see *Authentication*), then carries 32-byte records back to back
 //! ([`bluerdma_core::oob`] has the layout): receive-WR records and, to a peer whose hello
 //! announces [`LENGTH_ERRORS`](bluerdma_core::oob::Capabilities::LENGTH_ERRORS),
-//! receive-WR-too-short records. Such a record queued for a peer without the capability is
-//! dropped when it would be written (counted in [`TcpOobStats::records_withheld`]), so
-//! that peer sees only the compatible record.
+//! receive-WR-too-short records; to one that announces
+//! [`ATOMICS`](bluerdma_core::oob::Capabilities::ATOMICS), atomic requests (two records)
+//! and replies. Such a record queued for a peer without the capability is dropped when it
+//! would be written (counted in [`TcpOobStats::records_withheld`]), so that peer sees only
+//! what it knows; a withheld atomic request is answered here with an
+//! [`OobEvent::Atomic`] reply of status unsupported, so that the requester fails it
+//! instead of waiting.
 //!
 //! # Connections
 //! - Whichever side sends first dials. The dialer binds its own device IP before
@@ -119,7 +123,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use bluerdma_core::oob::{Record, RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, Record, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use auth::Auth;
@@ -336,6 +340,14 @@ impl TcpOob {
             q.events.push_back(match *record {
                 Record::RecvWr(wr) => OobEvent::RecvWr { from: peer, wr },
                 Record::RecvTooShort(rec) => OobEvent::RecvTooShort { from: peer, rec },
+                Record::AtomicRequest(req) => OobEvent::Atomic {
+                    from: peer,
+                    msg: AtomicMessage::Request(req),
+                },
+                Record::AtomicReply(reply) => OobEvent::Atomic {
+                    from: peer,
+                    msg: AtomicMessage::Reply(reply),
+                },
             });
             shared.events_len.store(q.events.len(), Ordering::SeqCst);
             Counters::add(&counters.records_sent, 1);
@@ -366,6 +378,20 @@ impl OobTransport for TcpOob {
     /// `records_withheld`).
     fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError> {
         self.queue(peer, &Record::RecvTooShort(*rec))
+    }
+
+    /// Queues an atomic request (two records) or reply like [`TcpOob::send`] does a
+    /// receive WR. A request is written only if `peer`'s hello announced
+    /// [`ATOMICS`](bluerdma_core::oob::Capabilities::ATOMICS); otherwise it is withheld
+    /// and answered with a reply of status unsupported (an event of this transport).
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
+        self.queue(
+            peer,
+            &match *msg {
+                AtomicMessage::Request(r) => Record::AtomicRequest(r),
+                AtomicMessage::Reply(r) => Record::AtomicReply(r),
+            },
+        )
     }
 
     fn poll(&mut self) -> Option<OobEvent> {

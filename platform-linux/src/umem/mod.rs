@@ -36,7 +36,8 @@ pub use vma::{backing, check_access, check_access_in, parse_maps, Backing, Vma};
 pub use bluerdma_sim::mem::HostMemory as EmulatedUmem;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
-use bluerdma_core::platform::{MemoryResolver, PlatformError};
+use bluerdma_core::oob::AtomicOp;
+use bluerdma_core::platform::{atomic_in_place, write_in_place, MemoryResolver, PlatformError};
 
 use crate::paths::SystemPaths;
 
@@ -346,6 +347,18 @@ impl MemoryResolver for HostUmem {
 
     fn unpin(&mut self, va: VirtAddr, len: usize) {
         self.release(va, len as u64);
+    }
+
+    unsafe fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        // SAFETY: the caller's contract: aligned, inside a range `pin` found mapped and
+        // writable and mlocked, which is this process's memory at its address.
+        Ok(unsafe { atomic_in_place(va, op) })
+    }
+
+    unsafe fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        // SAFETY: as for `atomic`.
+        unsafe { write_in_place(va, bytes) };
+        Ok(())
     }
 
     fn translate(

@@ -13,7 +13,10 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
-use bluerdma_core::platform::{DmaAllocator, DmaBuffer, MemoryResolver, PlatformError};
+use bluerdma_core::oob::AtomicOp;
+use bluerdma_core::platform::{
+    atomic_in_place, write_in_place, DmaAllocator, DmaBuffer, MemoryResolver, PlatformError,
+};
 
 use super::AddressMap;
 
@@ -116,6 +119,18 @@ impl MemoryResolver for HostMemory {
 
     fn unpin(&mut self, va: VirtAddr, _len: usize) {
         self.map.remove(device_addr_of(va.0));
+    }
+
+    unsafe fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        // SAFETY: the caller's contract: aligned, inside a range pinned for writing, which
+        // is the process's own memory at its address (`pin` checked it is mapped).
+        Ok(unsafe { atomic_in_place(va, op) })
+    }
+
+    unsafe fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        // SAFETY: as for `atomic`.
+        unsafe { write_in_place(va, bytes) };
+        Ok(())
     }
 
     fn translate(
