@@ -289,7 +289,7 @@ fn an_mr_without_remote_atomic_refuses_with_rem_access_err() {
 fn a_bad_rkey_or_an_address_past_the_mr_refuses_with_rem_access_err() {
     let (mut p, c, target, sink) = setup();
     let wr = SendWr {
-        rkey: MrKey::from_raw(target.key.get() ^ 0x100),
+        rkey: MrKey::from_raw(target.key.get() ^ 0x5a),
         ..atomic(1, faa(1), &sink, 0, &target, 0)
     };
     assert_eq!(refused(&mut p, &c, wr, &target), REFUSED);
