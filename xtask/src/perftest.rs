@@ -6,7 +6,8 @@
 //!    is missing.
 //! 3. Runs `ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong` (polling, `-e` and `-N`),
 //!    `ibv_srq_pingpong -q 64`, `ibv_ud_pingpong -s 2048`, `ib_write_bw` (and `-t 4096`),
-//!    `ib_read_bw`, `ib_send_bw` and `ib_write_lat` with `LD_LIBRARY_PATH` pointing there;
+//!    `ib_read_bw`, `ib_send_bw`, `ib_write_lat`, `ib_atomic_bw` and `ib_atomic_lat` (8-byte
+//!    fetch-and-add: no `-s`) with `LD_LIBRARY_PATH` pointing there;
 //!    every pair is a server on the first device and a client on the second, with its own
 //!    TCP exchange port, and the client starts once the server listens on it. Each command
 //!    has a hard timeout (both ends are killed), and every exit code is checked.
@@ -671,6 +672,12 @@ fn pairs(opts: &Opts) -> Vec<Pair> {
             check,
         }
     };
+    let atomic = |tool: &'static str, check: Check| Pair {
+        tool,
+        tag: "",
+        args: vec!["-n".into(), n.to_string()],
+        check,
+    };
     let bw = opts.bw_size();
     vec![
         pingpong("ibv_rc_pingpong", ""),
@@ -687,6 +694,10 @@ fn pairs(opts: &Opts) -> Vec<Pair> {
         perf("ib_read_bw", "", bw, Check::Bw),
         perf("ib_send_bw", "", bw, Check::Bw),
         perf("ib_write_lat", "", LAT_SIZE, Check::Lat),
+        // Fetch-and-add, executed by the responder's driver over the out-of-band channel
+        // (issue J2 item 2; ib_atomic_lat reports a whole round trip, not half).
+        atomic("ib_atomic_bw", Check::Bw),
+        atomic("ib_atomic_lat", Check::Lat),
     ]
 }
 

@@ -507,12 +507,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
             other => {
                 let status = wc_status(other);
                 core_warn!(
-                    "QP {:#x}: atomic {} failed at {} ({:?}): {:?}, QP to ERR",
+                    "QP {:#x}: atomic {} failed at {} (reply status {}): completion status {}, QP to ERR",
                     self.qp(i).attrs.qpn.get(),
                     r.seq,
                     from,
-                    other,
-                    status
+                    other.raw(),
+                    status as u32
                 );
                 Some(status)
             }
