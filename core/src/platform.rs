@@ -243,19 +243,34 @@ pub trait MemoryResolver {
     /// Executes `op` on the 64-bit integer at `va` and returns the value it held before:
     /// the responder's half of an atomic, which the card cannot do. It must be atomic with
     /// respect to every other call on the same memory ([`atomic_in_place`] is, for memory
-    /// the CPU reaches at `va`). [`PlatformError::Unsupported`] if the platform cannot
-    /// reach user memory.
-    ///
-    /// # Safety
-    /// `va` is 8-byte aligned, and `[va, va + 8)` lies in a range this resolver pinned
-    /// with `write` and has not unpinned.
-    unsafe fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError>;
-    /// Writes `bytes` at `va` (the original value of an atomic, into the requester's sink).
-    ///
-    /// # Safety
-    /// `[va, va + bytes.len())` lies in a range this resolver pinned with `write` and has
-    /// not unpinned.
-    unsafe fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError>;
+    /// the CPU reaches at `va`). The engine asks only for 8-byte aligned addresses inside
+    /// a valid MR with LOCAL_WRITE; an implementation must still refuse, with
+    /// [`PlatformError::NotMapped`], an address that is not aligned or whose 8 bytes do
+    /// not lie in one range it pinned with `write` and has not unpinned ([`pinned_at`]
+    /// finds it), so that no mistake reaches unmapped memory. [`PlatformError::Unsupported`]
+    /// if the platform cannot reach user memory.
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError>;
+    /// Writes `bytes` at `va` (the original value of an atomic, into the requester's sink),
+    /// refusing a range outside what it pinned with `write` as [`MemoryResolver::atomic`]
+    /// does.
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError>;
+}
+
+/// Which of `pinned` (ranges as `(va, len)`, pinned with `write`) holds all of
+/// `[va, va + len)`; [`PlatformError::NotMapped`] naming `va` if none does. The check of
+/// [`MemoryResolver::atomic`] and [`MemoryResolver::write`].
+pub fn pinned_at(
+    pinned: impl IntoIterator<Item = (u64, u64)>,
+    va: VirtAddr,
+    len: u64,
+) -> Result<(u64, u64), PlatformError> {
+    let end =
+        va.0.checked_add(len)
+            .ok_or(PlatformError::NotMapped { va })?;
+    pinned
+        .into_iter()
+        .find(|&(start, n)| start <= va.0 && start.checked_add(n).is_some_and(|e| end <= e))
+        .ok_or(PlatformError::NotMapped { va })
 }
 
 /// [`MemoryResolver::atomic`] for a platform whose CPU reaches user memory at its virtual
@@ -268,7 +283,8 @@ pub trait MemoryResolver {
 /// WRITE to the same bytes) or a plain CPU store.
 ///
 /// # Safety
-/// `va` is 8-byte aligned and the 8 bytes there are valid for reads and writes.
+/// `va` is 8-byte aligned and the 8 bytes there are valid for reads and writes (for a
+/// resolver: [`pinned_at`] found them in a range pinned with `write`).
 pub unsafe fn atomic_in_place(va: VirtAddr, op: AtomicOp) -> u64 {
     let ptr = va.0 as usize as *mut u64;
     #[cfg(target_has_atomic = "64")]
@@ -393,4 +409,37 @@ pub trait Platform {
     type Mem: MemoryResolver;
     /// The out-of-band transport.
     type Oob: OobTransport;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_pinned_only_when_one_pin_holds_all_of_it() {
+        let pins = [(0x1000, 0x100), (0x1100, 0x100)];
+        assert_eq!(pinned_at(pins, VirtAddr(0x10F8), 8), Ok((0x1000, 0x100)));
+        assert_eq!(pinned_at(pins, VirtAddr(0x1100), 8), Ok((0x1100, 0x100)));
+        // Across two pins, past the last, before the first, or wrapping: refused.
+        for va in [0x10FC, 0x11FC, 0xFF8, u64::MAX - 3] {
+            let va = VirtAddr(va);
+            assert_eq!(pinned_at(pins, va, 8), Err(PlatformError::NotMapped { va }));
+        }
+    }
+
+    #[test]
+    fn atomics_in_place_do_what_their_operation_says() {
+        let mut cell = 40u64;
+        let va = VirtAddr(&mut cell as *mut u64 as u64);
+        // SAFETY: `cell` is an aligned, live u64.
+        let old = unsafe { atomic_in_place(va, AtomicOp::FetchAdd { add: 2 }) };
+        assert_eq!((old, cell), (40, 42));
+        let cas = AtomicOp::CompareSwap {
+            compare: 41,
+            swap: 0,
+        };
+        // SAFETY: as above.
+        assert_eq!(unsafe { atomic_in_place(va, cas) }, 42);
+        assert_eq!(cell, 42, "no match, no swap");
+    }
 }

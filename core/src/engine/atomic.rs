@@ -35,6 +35,9 @@
 //! answers for it and the WR completes with REM_INV_REQ_ERR.
 //!
 //! [`MemoryResolver::atomic`]: crate::platform::MemoryResolver::atomic
+//!
+//! The core touches no user memory itself: the platform executes the atomic and writes the
+//! sink, and refuses any address outside what it pinned for writing.
 
 use core::net::Ipv4Addr;
 
@@ -463,10 +466,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 "rkey, bounds, PD or REMOTE_ATOMIC of the MR",
             );
         }
-        // SAFETY: aligned (checked above) and inside a valid MR with REMOTE_ATOMIC, which
-        // needs LOCAL_WRITE, so `reg_mr` pinned it with `write`; it stays pinned until
-        // `dereg_mr`, which cannot run while this does (`&mut self`).
-        match unsafe { self.mem.atomic(VirtAddr(req.raddr), req.op) } {
+        // Aligned and inside a valid MR with REMOTE_ATOMIC, which needs LOCAL_WRITE: `reg_mr`
+        // pinned it with `write`, and it stays pinned until `dereg_mr`.
+        match self.mem.atomic(VirtAddr(req.raddr), req.op) {
             Ok(old) => (AtomicStatus::Done, old),
             Err(e) => {
                 core_error!("QP {:#x}: atomic {} failed: {}", a.qpn.get(), req.seq, e);
@@ -549,9 +551,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if !self.mr_covers(lkey, laddr.0, 8, AccessFlags::LOCAL_WRITE, Some(pd)) {
             return Some(WcStatus::LocProtErr);
         }
-        // SAFETY: inside a valid MR with LOCAL_WRITE, which `reg_mr` pinned with `write`
-        // and which stays pinned until `dereg_mr` (not running: `&mut self`).
-        match unsafe { self.mem.write(laddr, &value.to_ne_bytes()) } {
+        // Inside a valid MR with LOCAL_WRITE, which `reg_mr` pinned with `write`.
+        match self.mem.write(laddr, &value.to_ne_bytes()) {
             Ok(()) => None,
             Err(e) => {
                 core_error!("atomic sink {:#x}: {}", laddr.0, e);

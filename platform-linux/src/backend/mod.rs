@@ -87,13 +87,11 @@ impl MemoryResolver for DynMem {
     ) -> Result<(), PlatformError> {
         self.0.translate(va, page, out)
     }
-    unsafe fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
-        // SAFETY: the caller's promise is passed on to the resolver that pinned the range.
-        unsafe { self.0.atomic(va, op) }
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        self.0.atomic(va, op)
     }
-    unsafe fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
-        // SAFETY: as for `atomic`.
-        unsafe { self.0.write(va, bytes) }
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        self.0.write(va, bytes)
     }
 }
 
