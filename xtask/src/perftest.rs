@@ -615,6 +615,11 @@ enum Check {
     Bw,
     /// `ib_*_lat`: t_typical and t_avg.
     Lat,
+    /// `ib_atomic_lat`: the client measures (t_typical and t_avg); its server is passive
+    /// and prints no result table, so for it the exit code is all.
+    ClientLat,
+    /// Nothing to read (the passive server of [`Check::ClientLat`]).
+    Passive,
 }
 
 /// One command of the run, as it ended.
@@ -697,7 +702,7 @@ fn pairs(opts: &Opts) -> Vec<Pair> {
         // Fetch-and-add, executed by the responder's driver over the out-of-band channel
         // (issue J2 item 2; ib_atomic_lat reports a whole round trip, not half).
         atomic("ib_atomic_bw", Check::Bw),
-        atomic("ib_atomic_lat", Check::Lat),
+        atomic("ib_atomic_lat", Check::ClientLat),
     ]
 }
 
@@ -868,6 +873,11 @@ fn finish(
     command: String,
 ) -> ToolRun {
     let out = read_log(&log);
+    let check = match (check, role) {
+        (Check::ClientLat, "server") => Check::Passive,
+        (Check::ClientLat, _) => Check::Lat,
+        (c, _) => c,
+    };
     let (figure, value, problem) = examine(check, &out, devices);
     let exit = p.exit.unwrap_or(Exit::Timeout);
     ToolRun {
@@ -953,6 +963,7 @@ fn examine(check: Check, out: &str, devices: usize) -> (String, Option<f64>, Opt
                 _ => ("-".into(), None, Some("no result table".into())),
             }
         }
+        Check::Passive | Check::ClientLat => ("passive side".into(), None, None),
         Check::Lat => {
             let t = perftest_table(out);
             match (column(&t, "t_typical"), column(&t, "t_avg")) {
@@ -1196,6 +1207,13 @@ impl Report {
                 "ib_write_lat / TCP ping-pong: {:.2} ({lat:.2} / {:.2} usec, t_typical / half RTT)",
                 lat / b.pingpong_us,
                 b.pingpong_us
+            ));
+        }
+        if let Some(lat) = self.figure("ib_atomic_lat") {
+            lines.push(format!(
+                "ib_atomic_lat / TCP ping-pong: {:.2} ({lat:.2} / {:.2} usec, t_typical / whole RTT)",
+                lat / (2.0 * b.pingpong_us),
+                2.0 * b.pingpong_us
             ));
         }
         lines

@@ -137,6 +137,40 @@ use waker::Waker;
 /// The TCP port of the out-of-band listener (the reference driver's `RECV_WORKER_PORT`).
 pub const OOB_PORT: u16 = 60000;
 
+/// What a [`TcpOob`] calls, on its I/O thread, when records arrived for `poll`: the
+/// owner's wake-up (its progress thread polls now instead of after an idle sleep). It must
+/// be quick and must not call back into the transport.
+pub type OobNotify = Arc<dyn Fn() + Send + Sync>;
+
+/// Sets the [`OobNotify`] of a [`TcpOob`] after the transport was handed on (boxed into an
+/// engine); see [`TcpOob::notifier`].
+#[derive(Clone)]
+pub struct OobNotifier(Arc<Mutex<Option<OobNotify>>>);
+
+impl OobNotifier {
+    /// From now on, `f` is called whenever records arrive.
+    pub fn set(&self, f: OobNotify) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(f);
+    }
+
+    fn notify(&self) {
+        let f = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(f) = f {
+            f();
+        }
+    }
+}
+
+impl fmt::Debug for OobNotifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OobNotifier")
+    }
+}
+
 /// How a [`TcpOob`] listens, dials and bounds its resources.
 #[derive(Clone, Debug)]
 pub struct TcpOobConfig {
@@ -285,6 +319,7 @@ impl TcpOob {
             stop: AtomicBool::new(false),
             waker: Waker::new().map_err(TcpOobError::Setup)?,
             counters: Arc::new(Counters::default()),
+            notifier: OobNotifier(Arc::new(Mutex::new(None))),
         });
         let io = IoLoop::new(Arc::clone(&shared), config, auth, local_addr, listener);
         let io_thread = thread::Builder::new()
@@ -312,6 +347,11 @@ impl TcpOob {
     /// The counters now.
     pub fn stats(&self) -> TcpOobStats {
         self.shared.counters.snapshot()
+    }
+
+    /// The handle that sets what is called when records arrive ([`OobNotify`]).
+    pub fn notifier(&self) -> OobNotifier {
+        self.shared.notifier.clone()
     }
 
     /// The peers with an open connection now, in address order.
@@ -433,6 +473,8 @@ struct Shared {
     stop: AtomicBool,
     waker: Waker,
     counters: Arc<Counters>,
+    /// Called when the I/O thread queued events.
+    notifier: OobNotifier,
 }
 
 struct Queues {
