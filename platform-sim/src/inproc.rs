@@ -197,7 +197,8 @@ pub fn device_link(
     )))
 }
 
-/// A card's counters and its non-zero register counters, as one line of text.
+/// A card's counters and its non-zero register counters, as one line of text; then the
+/// RTL stop the card froze at, if it did.
 pub fn card_counters(nic: &Nic) -> String {
     let mut s = nic.stats().snapshot().to_string();
     for counter in bluerdma_core::regs::Counter::ALL {
@@ -205,6 +206,9 @@ pub fn card_counters(nic: &Nic) -> String {
         if v != 0 {
             s.push_str(&format!(" {counter:?}={v}"));
         }
+    }
+    if let Some(stop) = nic.shared().rtl_stop() {
+        s.push_str(&format!("; RTL stop: {stop}"));
     }
     s
 }

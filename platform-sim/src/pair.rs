@@ -13,11 +13,18 @@
 //! frames at the same virtual times. [`Pair::run_until`] steps until a condition holds or a
 //! span of virtual time has passed.
 //!
-//! Verbs that wait for the card's command responses (open, reg_mr, create_qp, modify_qp,
-//! destroy_qp, dereg_mr) get a clock that executes the card's command ring each time the
-//! engine reads it; that one helper is the only place that knows how the engine waits.
+//! Verbs that wait for the card (open, reg_mr, create_qp, modify_qp, destroy_qp, dereg_mr)
+//! get a clock that executes the card's command ring each time the engine reads it, and its
+//! send ring when the engine keeps reading with no command to execute (dereg_mr and
+//! destroy_qp wait for the card to fetch it); that one helper is the only place that knows
+//! how the engine waits.
 //! SEND/RECV use an in-memory out-of-band channel ([`PairOob`]) that the test can delay or
 //! cut. Nothing here starts a thread or opens a socket.
+//!
+//! The cards freeze where the RTL stops ([`crate::model::stops`]), and such a stop fails
+//! the test: [`Pair::run_until`] returns [`PairError::RtlStop`] naming the event, and a
+//! pair dropped after one panics with it. A test that makes the RTL stop on purpose sets
+//! [`PairConfig::allow_rtl_stops`] and asserts [`Pair::rtl_stop`].
 
 mod oob;
 mod storage;
@@ -47,7 +54,7 @@ pub use wire::{Fate, Fault, Frame, FrameInfo, FrameKind, LogEntry};
 use crate::inproc::SimRegs;
 use crate::mem::{AddressMap, HostDma, HostMemory};
 use crate::model::regs::RegisterFile;
-use crate::model::{NicConfig, NicStatsSnapshot, SteppedNic, VirtualClock};
+use crate::model::{NicConfig, NicStatsSnapshot, RtlStop, RtlStopPolicy, SteppedNic, VirtualClock};
 
 /// One of the two cards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -122,6 +129,9 @@ pub struct PairConfig {
     pub quiet_timeout: Duration,
     /// The cards' strict protection-domain check (correction 10).
     pub strict_pd: bool,
+    /// A card that reaches an RTL stop freezes either way; with this set the harness does
+    /// not fail for it (a test that causes the stop on purpose asserts [`Pair::rtl_stop`]).
+    pub allow_rtl_stops: bool,
     /// Steps that do work without the clock moving before [`Pair::run_until`] gives up
     /// with [`PairError::Livelock`].
     pub max_busy_steps: u64,
@@ -139,6 +149,7 @@ impl Default for PairConfig {
             send_window: 1024,
             quiet_timeout: NicConfig::default().quiet_timeout,
             strict_pd: false,
+            allow_rtl_stops: false,
             max_busy_steps: 100_000,
         }
     }
@@ -168,6 +179,15 @@ pub enum PairError {
         /// Consecutive busy steps.
         steps: u64,
     },
+    /// A card reached a place where the RTL stops, and froze.
+    RtlStop {
+        /// The card.
+        side: Side,
+        /// The event.
+        stop: RtlStop,
+        /// Virtual time (ns) when the harness saw it.
+        now_ns: u64,
+    },
 }
 
 impl fmt::Display for PairError {
@@ -186,6 +206,12 @@ impl fmt::Display for PairError {
                 write!(
                     f,
                     "{steps} busy steps at {now_ns} ns without the clock moving"
+                )
+            }
+            PairError::RtlStop { side, stop, now_ns } => {
+                write!(
+                    f,
+                    "card {side:?} froze at an RTL stop by {now_ns} ns: {stop}"
                 )
             }
         }
@@ -228,12 +254,16 @@ pub struct Pair {
     cfg: PairConfig,
 }
 
-/// Runs a verb that waits for command responses. The clock handed to it executes the
-/// card's command ring whenever the engine reads it, so a response is there by the time
-/// the engine looks; after [`IDLE_READS_PER_MS`] reads in a row that find no command to
-/// execute, each read moves the virtual clock 1 ms, so a command the card never answers
-/// ends in the engine's command timeout rather than a spin.
+/// Runs a verb that waits for the card. The clock handed to it executes the card's command
+/// ring whenever the engine reads it, so a response is there by the time the engine looks;
+/// after [`IDLE_READS_BEFORE_SEND`] reads in a row that find no command, it fetches the
+/// send ring too (a card slower than the driver: a verb that posts a command at once does
+/// not get its send ring fetched first), and after [`IDLE_READS_PER_MS`] reads that find
+/// nothing to execute, each read moves the virtual clock 1 ms, so a command the card never
+/// answers (a frozen card) ends in the engine's timeout rather than a spin.
 const IDLE_READS_PER_MS: u32 = 64;
+/// See [`IDLE_READS_PER_MS`].
+const IDLE_READS_BEFORE_SEND: u32 = 8;
 
 fn with_command_clock<R>(
     card: &mut SteppedNic,
@@ -242,7 +272,7 @@ fn with_command_clock<R>(
 ) -> R {
     let mut idle_reads = 0u32;
     let mut read = || {
-        if card.step_commands() {
+        if card.step_commands() || idle_reads >= IDLE_READS_BEFORE_SEND && card.step_send() {
             idle_reads = 0;
         } else {
             idle_reads += 1;
@@ -279,6 +309,8 @@ impl Pair {
                 page_size: PageSize::Size2M,
                 strict: cfg.strict_pd,
                 quiet_timeout: cfg.quiet_timeout,
+                // The harness fails the test itself (`run_until`, `Drop`).
+                rtl_stops: RtlStopPolicy::Freeze,
             };
             let mut card = SteppedNic::new(
                 nic,
@@ -425,6 +457,7 @@ impl Pair {
         let limit = self.now().saturating_add(max.as_nanos() as u64);
         let mut busy = 0u64;
         loop {
+            self.check_rtl_stops()?;
             if done(self) {
                 return Ok(self.now());
             }
@@ -503,6 +536,28 @@ impl Pair {
     /// Engine counters of `side`.
     pub fn stats(&self, side: Side) -> EngineStats {
         self.nodes[side.index()].dev.stats()
+    }
+
+    /// The first RTL stop `side`'s card reached (and froze at), if any.
+    pub fn rtl_stop(&self, side: Side) -> Option<RtlStop> {
+        self.card(side).shared().rtl_stop()
+    }
+
+    /// An RTL stop as an error, unless the test allows them.
+    fn check_rtl_stops(&self) -> Result<(), PairError> {
+        if self.cfg.allow_rtl_stops {
+            return Ok(());
+        }
+        for side in Side::BOTH {
+            if let Some(stop) = self.rtl_stop(side) {
+                return Err(PairError::RtlStop {
+                    side,
+                    stop,
+                    now_ns: self.now(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Card counters of `side`.
@@ -657,6 +712,9 @@ impl Pair {
             let _ = writeln!(s, "--- side {side:?}");
             let _ = self.engine(side).dump(&mut s, now);
             let _ = writeln!(s, "card: {}", self.nic_stats(side));
+            if let Some(stop) = self.rtl_stop(side) {
+                let _ = writeln!(s, "card frozen at an RTL stop: {stop}");
+            }
         }
         let log = &self.wire.log;
         let _ = writeln!(s, "--- wire ({} frames, last 32)", log.len());
@@ -669,6 +727,8 @@ impl Pair {
 
 impl Drop for Pair {
     fn drop(&mut self) {
+        // A stop the test did not allow fails it, also when it came after its last step.
+        let stopped = self.check_rtl_stops().err();
         for node in self.nodes.drain(..) {
             let Node { dev, dma, bufs, .. } = node;
             let _ = dev.close();
@@ -676,6 +736,11 @@ impl Drop for Pair {
                 // SAFETY: the engine that held these buffers' addresses is closed and the
                 // card is dropped with this node, so nothing refers to them any more.
                 unsafe { dma.free(b) };
+            }
+        }
+        if let Some(e) = stopped {
+            if !std::thread::panicking() {
+                panic!("{e} (set PairConfig::allow_rtl_stops if the test means it)");
             }
         }
     }

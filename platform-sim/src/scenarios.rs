@@ -526,8 +526,23 @@ pub fn run(options: &Options, progress: &mut dyn FnMut(Event<'_>)) -> Result<Sum
             name: scenario.name,
         });
         let start = Instant::now();
-        let result = panic::catch_unwind(AssertUnwindSafe(|| (scenario.run)(&mut sim)))
+        let mut result = panic::catch_unwind(AssertUnwindSafe(|| (scenario.run)(&mut sim)))
             .unwrap_or_else(|panic| Err(Failure(format!("panicked: {}", panic_text(&*panic)))));
+        // A card of the shared testbed that froze fails the scenario that froze it; the
+        // next scenario gets fresh cards.
+        let stops = sim
+            .bed
+            .as_ref()
+            .map(Testbed::take_rtl_stops)
+            .unwrap_or_default();
+        if !stops.is_empty() {
+            sim.close_bed();
+            let stops = stops.join("; ");
+            result = Err(Failure(match result {
+                Ok(report) => format!("{stops} (after: {})", report.notes),
+                Err(Failure(e)) => format!("{stops}; {e}"),
+            }));
+        }
         let row = Row {
             scenario: scenario.name,
             result,

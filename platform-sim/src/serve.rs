@@ -442,6 +442,16 @@ mod tests {
             })
         );
         assert_eq!(card.csr_stats().undecoded_accesses, 1);
+        // The RTL's simulation ends at such a read: the card froze, naming it (taken here,
+        // so dropping the card does not fail the test for it).
+        assert_eq!(
+            card.nic().shared().take_rtl_stop(),
+            Some(crate::model::RtlStop::UndecodedRegister {
+                offset: 64,
+                is_write: false
+            })
+        );
+        assert!(card.nic().shared().frozen());
     }
 
     #[test]

@@ -14,9 +14,12 @@
 //! - `cargo xtask fuzz [SECS]`: every cargo-fuzz target of tests/fuzz for SECS seconds
 //!   (`fuzz.rs`); `ci` runs each for a few seconds.
 //! - `cargo xtask pyverbs`: rdma-core's own test suite over the stand-in (`pyverbs.rs`).
+//! - `cargo xtask ecosystem`: the Rust RDMA crates (rust-ibverbs, sideway) over the stand-in
+//!   (`ecosystem.rs`, programs in examples/ecosystem).
 
 mod backends;
 mod cluster;
+mod ecosystem;
 mod firmware;
 mod fuzz;
 mod perftest;
@@ -34,6 +37,12 @@ use std::time::{Duration, Instant};
 const RISCV_TARGET: &str = "riscv32imac-unknown-none-elf";
 
 fn main() -> ExitCode {
+    // Every emulated card the tasks start freezes where the RTL stops and fails the test or
+    // run that caused it, naming the event (platform-sim/src/model/stops.rs); children
+    // inherit it. Set before any thread exists.
+    if env::var_os("BLUERDMA_RTL_STOPS").is_none() {
+        env::set_var("BLUERDMA_RTL_STOPS", "fail");
+    }
     let args: Vec<String> = env::args().skip(1).collect();
     let root = project_root();
     let result = match args.first().map(String::as_str) {
@@ -45,6 +54,7 @@ fn main() -> ExitCode {
         Some("rdmacm") => rdmacm::rdmacm(&root, &args[1..]),
         Some("fuzz") => fuzz::fuzz(&root, &args[1..]),
         Some("pyverbs") => pyverbs::pyverbs(&root, &args[1..]),
+        Some("ecosystem") => ecosystem::ecosystem(&root, &args[1..]),
         Some("firmware") => firmware::run(&root),
         Some("help") | Some("--help") | Some("-h") | None => {
             print_help();
@@ -79,7 +89,9 @@ fn print_help() {
          the verbs API (--faults SPEC, --pcap FILE, --seed N, --port N, --only TEXT,\n                 \
          --list, --soak SECS, --no-perf; `cargo xtask sim --help` for details);\n                 \
          --backend rtl|pci runs the verbs scenarios on cards served by bluerdma-sim\n                 \
-         serve (the RTL protocol) or pci-serve (a fake PCI card, root only)\n  \
+         serve (the RTL protocol) or pci-serve (a fake PCI card, root only); the\n                 \
+         cards freeze where the RTL stops and the run fails naming the event\n                 \
+         (BLUERDMA_RTL_STOPS=continue lets them carry on)\n  \
          doctor [opts]  checks this machine for the real card and prints the fix for each\n                 \
          problem (`cargo xtask doctor --help`)\n  \
          perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
@@ -92,6 +104,8 @@ fn print_help() {
          target/ibverbs/librdmacm.so.1, then the crate's tests (`cargo xtask rdmacm --help`)\n  \
          pyverbs [opts] rdma-core's own tests (python3-pyverbs) over target/ibverbs/; needs\n                 \
          root (`cargo xtask pyverbs --help`)\n  \
+         ecosystem [opts] the Rust crates rust-ibverbs and sideway (crates.io) over\n                 \
+         target/ibverbs/: a WRITE and a SEND per crate (`cargo xtask ecosystem --help`)\n  \
          firmware       the firmware rows of ci alone: build, size, core with defmt, QEMU boot\n  \
          fuzz [SECS]    every fuzz target of tests/fuzz for SECS seconds (default 60; nightly\n                 \
          and cargo-fuzz); a table of runs and crashes, non-zero exit on a crash"
@@ -306,6 +320,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
     }
     rows.push(perftest::ci_row(root, quick, backends::Backend::Emulated));
     rows.push(rdmacm::ci_row(root));
+    rows.push(ecosystem::ci_row(root));
     rows.push(pyverbs::ci_row(root));
     // The other backends at sizes that keep CI short (the fake PCI card needs root).
     for backend in [backends::Backend::Rtl, backends::Backend::Pci] {

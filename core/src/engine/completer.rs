@@ -177,8 +177,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.timers(i).set(Timer::Retransmit, None);
             return;
         }
-        self.stats.retransmits += 1;
         let a = self.qp(i).attrs;
+        if !a.connected() {
+            // A QP in ERR (or RESET) sends nothing again: its work was flushed, and what it
+            // posted may name an MR being deregistered.
+            return;
+        }
+        self.stats.retransmits += 1;
         let path = Path::of(&a);
         let (acked, next) = (self.qp(i).req.acked_psn(), self.qp(i).req.next_psn());
         let from = if from.is_before(acked) { acked } else { from };
@@ -227,7 +232,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         if batch.len() > 0 {
             self.flush_send_waiting(&mut batch);
-            let mark = self.send_pushed;
+            let mark = self.send_mark();
             self.qp(i).req.mark_ring(mark);
         }
         let at = a.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
@@ -244,13 +249,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// card took everything counts (or [`super::requester::QUEUED_WAITS_MAX`] such
     /// expiries in a row: a card that stopped fetching).
     pub(crate) fn on_timeout(&mut self, i: QpIndex, now: Instant) {
-        if self.sq(i).sent() == 0 {
-            // Nothing to wait for (a timer left armed): not a loss.
+        if self.sq(i).sent() == 0 || !self.qp(i).attrs.connected() {
+            // Nothing to wait for (a timer left armed), or a QP that sends nothing again.
             self.timers(i).set(Timer::Retransmit, None);
             return;
         }
         let mark = self.qp(i).req.ring_mark();
-        let fetched = self.card_fetched(mark);
+        let fetched = self.send_fetched(mark);
         if self.qp(i).req.wait_for_card(fetched) {
             self.stats.timeouts_queued += 1;
             let a = self.qp(i).attrs;

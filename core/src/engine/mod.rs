@@ -25,6 +25,8 @@
 //! - `report`: meta-report intake, one handler per kind; delivery and ACK frames
 //! - `recv`: receive WRs both ways over the out-of-band channel, RNR
 //! - `raw`: the simple NIC's raw frames
+//! - `retire`: what the send ring may still name (an MR is invalidated in the card, a QP
+//!   destroyed, only once the card has fetched the descriptors posted before)
 //! - `atomic`: fetch-and-add and compare-and-swap, executed by the responder's driver and
 //!   carried over the out-of-band channel (the card has no atomic engine)
 
@@ -47,6 +49,7 @@ mod recv_pool;
 mod report;
 mod requester;
 mod responder;
+mod retire;
 mod storage;
 mod wqe;
 mod wr;
@@ -104,9 +107,8 @@ pub struct Device<P: Platform, S: Storage> {
     raw_seq: [Option<u64>; RAW_SLOTS],
     /// Descriptors pushed on the simple-NIC TX ring so far.
     sn_tx_seq: u64,
-    /// Descriptors pushed on the send ring so far (a QP's [`Requester::ring_mark`] is a
-    /// value of it; the card has fetched `send_pushed - send.pending()`).
-    send_pushed: u64,
+    /// Descriptors pushed on the send ring so far (`retire`'s marks count them).
+    send_posted: u64,
     /// A consumer takes received simple-NIC frames ([`Device::take_raw_frames`]).
     keep_raw_frames: bool,
     key_seq: u32,
@@ -220,7 +222,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             raw_slots: TxSlots::new(raws, RAW_FRAME_MAX),
             raw_seq: [None; RAW_SLOTS],
             sn_tx_seq: 0,
-            send_pushed: 0,
+            send_posted: 0,
             keep_raw_frames: false,
             key_seq: 0x5A,
             pgt: PgtAllocator::new(crate::keys::PGT_LEN),

@@ -16,6 +16,7 @@ use crate::time::Instant;
 use super::command::Ticket;
 use super::config::{PGT_STAGING_SLOT, PGT_STAGING_SLOTS};
 use super::error::VerbsError;
+use super::retire::DEREG_WAIT;
 use super::wr::WcStatus;
 use super::{Device, Platform, Storage};
 
@@ -356,8 +357,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
         Ok((t, n as u32))
     }
 
-    /// Deregisters an MR: invalidates it in the card first (mr_length 0), then unpins and
-    /// frees its key and page-table range.
+    /// Deregisters an MR. Work still queued on it is retired first (below), so nothing
+    /// naming it reaches the send ring any more; the card-side invalidation (mr_length 0)
+    /// then waits until the card has fetched every send-ring descriptor posted before,
+    /// which may name it (a WQE whose lkey has no valid MR entry stops the RTL: `retire`).
+    /// Then the memory is unpinned and the key and page-table range freed. A card that
+    /// stops fetching or does not answer fails the call (CommandTimeout) and leaves the MR
+    /// registered.
     pub fn dereg_mr(
         &mut self,
         key: MrKey,
@@ -365,6 +371,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
     ) -> Result<(), VerbsError> {
         let slot = self.mr_slot(key)?;
         self.retire_mr_users(key);
+        let posted = self.send_mark();
+        self.wait_send_fetched(posted, DEREG_WAIT, clock)?;
         self.commands.run(
             &self.regs,
             CmdRequest::UpdateMrTable(UpdateMrTable {

@@ -20,6 +20,7 @@ use super::error::VerbsError;
 use super::recv::RecvQueue;
 use super::requester::Requester;
 use super::responder::Responder;
+use super::retire::{SendMark, DESTROY_WAIT};
 use super::storage::{QpTimers, SendQueue, SqCounters};
 use super::{Device, Platform, Storage};
 
@@ -169,8 +170,9 @@ pub(crate) enum CardEntry {
     #[default]
     Current,
     /// The QP went to ERR: invalidate it in the card, so that packets for it are dropped
-    /// there (an IB responder in ERR takes nothing; the requester's retries run out).
-    InvalidateDue,
+    /// there (an IB responder in ERR takes nothing; the requester's retries run out), once
+    /// the card has fetched the send-ring descriptors posted before (`retire`).
+    InvalidateDue(SendMark),
     /// The invalidation is on the command ring.
     Invalidating(Ticket),
 }
@@ -399,7 +401,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     pub(crate) fn enter_error(&mut self, i: QpIndex) {
         self.qp(i).attrs.state = QpState::Err;
         if self.qp(i).card == CardEntry::Current {
-            self.qp(i).card = CardEntry::InvalidateDue;
+            self.qp(i).card = CardEntry::InvalidateDue(self.send_mark());
         }
         self.flush_qp(i);
         self.update_card_entry(i);
@@ -410,7 +412,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
     pub(crate) fn update_card_entry(&mut self, i: QpIndex) -> bool {
         match self.qp(i).card {
             CardEntry::Current => false,
-            CardEntry::InvalidateDue => {
+            CardEntry::InvalidateDue(posted) => {
+                if !self.send_fetched(posted) {
+                    // The card still has descriptors of before: the next poll looks again.
+                    return false;
+                }
                 let req = self.manage_request(i, false);
                 match self.commands.submit(&self.regs, req, self.now) {
                     Ok(t) => {
@@ -514,13 +520,17 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 
     /// Destroys a QP: invalidates it in the card (ManageQp is_valid = 0) before its index
-    /// can be reused; outstanding work is flushed.
+    /// can be reused, once the card has fetched every send-ring descriptor posted before
+    /// (`retire`); outstanding work is flushed. A card that stops fetching or does not
+    /// answer fails the call and leaves the QP as it was.
     pub fn destroy_qp(
         &mut self,
         qpn: QpHandle,
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn)?;
+        let posted = self.send_mark();
+        self.wait_send_fetched(posted, DESTROY_WAIT, clock)?;
         self.forget_card_update(i);
         self.manage_qp(i, false, clock)?;
         self.qp(i).attrs.state = QpState::Err;

@@ -16,6 +16,7 @@ use crate::transport::{Chunk, Fragmenter, Psn};
 use super::config::{BATCH, CHUNK_BYTES, SEND_WINDOW_CAP};
 use super::error::VerbsError;
 use super::qp::{QpAttrs, QpHandle, QpIndex};
+use super::retire::SendMark;
 use super::storage::{SendQueue, SqCounters, Timer};
 use super::wqe::{chunk_count_len, Wqe, WqeState};
 use super::wr::{SendOp, SendWr};
@@ -34,10 +35,9 @@ pub(crate) struct Requester {
     retries_left: u8,
     /// Send WRs of the caller (not READ responses) retired so far.
     retired: u64,
-    /// The send ring's descriptor count (`Device::send_pushed`) after this QP's last
-    /// descriptor: until the card has fetched that many, its packets are not all on the
-    /// wire yet.
-    ring_mark: u64,
+    /// The send ring's descriptor count after this QP's last descriptor: until the card
+    /// has fetched that many, its packets are not all on the wire yet.
+    ring_mark: SendMark,
     /// Timer expiries in a row that found the QP's descriptors still in the send ring.
     queued_waits: u8,
 }
@@ -56,7 +56,7 @@ impl Default for Requester {
             next_msn: 0,
             retries_left: 7,
             retired: 0,
-            ring_mark: 0,
+            ring_mark: SendMark::default(),
             queued_waits: 0,
         }
     }
@@ -72,7 +72,7 @@ impl Requester {
 
     /// The send ring's descriptor count after this QP's last descriptor.
     #[inline]
-    pub(crate) fn ring_mark(&self) -> u64 {
+    pub(crate) fn ring_mark(&self) -> SendMark {
         self.ring_mark
     }
 
@@ -88,10 +88,10 @@ impl Requester {
         true
     }
 
-    /// This QP's descriptors went on the send ring, which has taken `pushed` in all.
+    /// This QP's descriptors went on the send ring, up to `mark`.
     #[inline]
-    pub(crate) fn mark_ring(&mut self, pushed: u64) {
-        self.ring_mark = pushed;
+    pub(crate) fn mark_ring(&mut self, mark: SendMark) {
+        self.ring_mark = mark;
     }
 
     /// The next PSN to assign.
@@ -384,28 +384,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
         // The attributes cannot change while this runs (a QP that goes to ERR stops it).
         let attrs = self.qp(i).attrs;
         let timeout = attrs.ack_timeout(self.cfg.ack_timeout_min).map(|t| now + t);
-        let pushed = self.send_pushed;
+        let before = self.send_mark();
         while self.transmit_one(i, &attrs, timeout, now, &mut batch) {}
         if batch.len() > 0 {
             self.flush_send(&mut batch);
         }
-        if self.send_pushed != pushed {
-            let mark = self.send_pushed;
+        let mark = self.send_mark();
+        if mark != before {
             self.qp(i).req.mark_ring(mark);
         }
-    }
-
-    /// Whether the card has fetched every send-ring descriptor up to `mark` (a
-    /// [`Requester::ring_mark`]). Reads the ring's tail when the cached one says no.
-    pub(crate) fn card_fetched(&mut self, mark: u64) -> bool {
-        let fetched = |d: &Self| d.send_pushed - u64::from(d.send.pending());
-        if fetched(self) >= mark {
-            return true;
-        }
-        // An impossible tail leaves the cached one: the answer stays "not yet", and the
-        // ring's own error says why.
-        let _ = self.send.refresh_tail(&self.regs);
-        fetched(self) >= mark
     }
 
     /// The next step of `transmit`: one WQE (or the rest of a cut one) into `batch`.
@@ -567,14 +554,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Rings the doorbell for `batch`.
     pub(crate) fn flush_send(&mut self, batch: &mut Batch) {
         let descs = batch.take();
-        if self.send.push_batch(&self.regs, descs).is_ok() {
-            self.send_pushed += descs.len() as u64;
-        } else {
+        let n = descs.len();
+        if self.send.push_batch(&self.regs, descs).is_err() {
             self.stats.send_refused += 1;
             // The caller checked the free slots; a refusal here means the card reported an
             // impossible tail. The WQEs stay Sent and the retransmission timer resends them.
-            core_error!("send ring refused a batch of {} descriptors", descs.len());
+            core_error!("send ring refused a batch of {} descriptors", n);
+            return;
         }
+        self.note_send_posted(n);
     }
 
     /// Adds one chunk's two descriptors to `batch`, flushing it to the send ring first when
@@ -601,6 +589,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// dropping: the ring drains as fast as the card fetches.
     pub(crate) fn flush_send_waiting(&mut self, batch: &mut Batch) {
         let descs = batch.take();
+        let n = descs.len();
         let mut tries = 0u32;
         while self.send.push_batch(&self.regs, descs).is_err() {
             tries += 1;
@@ -610,7 +599,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             }
             core::hint::spin_loop();
         }
-        self.send_pushed += descs.len() as u64;
+        self.note_send_posted(n);
     }
 }
 

@@ -33,10 +33,34 @@ fn read_u64(path: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// System settings for one test, restored on drop. Holding one serialises such tests.
+/// The file whose lock serialises such tests across processes: the settings are the
+/// machine's, and two test runs at once (`cargo xtask ci --stress`) would undo each
+/// other's (one restored `compact_unevictable_allowed` while the other relied on it).
+const SYSTEM_LOCK_FILE: &str = "/run/lock/bluerdma-tests-system.lock";
+
+/// System settings for one test, restored on drop. Holding one serialises such tests, in
+/// this process (a mutex) and across processes (an flock on [`SYSTEM_LOCK_FILE`]).
 pub struct System {
     restore: Vec<(PathBuf, String)>,
+    // Field order: the settings are restored in `drop` before either lock is released.
+    _file_lock: Option<fs::File>,
     _lock: MutexGuard<'static, ()>,
+}
+
+/// Takes the cross-process lock (blocking); `None` if the lock file cannot be opened (the
+/// in-process mutex still holds).
+fn lock_file() -> Option<fs::File> {
+    use std::os::fd::AsRawFd;
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(SYSTEM_LOCK_FILE)
+        .ok()?;
+    // SAFETY: flock on a descriptor this function owns; it is released when the file is
+    // closed.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    (r == 0).then_some(f)
 }
 
 impl System {
@@ -46,9 +70,11 @@ impl System {
             skip(format_args!("SKIPPED: {why} needs root (CI runs as root)"));
             return None;
         }
+        let lock = SYSTEM.lock().unwrap_or_else(|e| e.into_inner());
         Some(System {
             restore: Vec::new(),
-            _lock: SYSTEM.lock().unwrap_or_else(|e| e.into_inner()),
+            _file_lock: lock_file(),
+            _lock: lock,
         })
     }
 

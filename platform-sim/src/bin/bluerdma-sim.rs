@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bluerdma_sim::link::{LinkPort, UdpLink, UdpLinkConfig};
-use bluerdma_sim::model::NicConfig;
+use bluerdma_sim::model::{NicConfig, RtlStopPolicy};
 use bluerdma_sim::pci::{FakePciCard, FakePciConfig};
 use bluerdma_sim::rtl::eth::{SOFT_SWITCH_PORT, TWO_CARD_PORT, TWO_CARD_RETRY};
 use bluerdma_sim::rtl::{BusWidth, DmaServerConfig, RetryPolicy, SoftSwitchLink, TwoCardLink};
@@ -37,7 +37,7 @@ address into the driver process (root only). The driver opens it as `+pci;root=D
   --root DIR           the tree's root (required)
   --bdf ADDRESS        the card's PCI address (default 0000:3b:00.0)
   --udmabuf-mib N      the u-dma-buf buffer's size in MiB (default 8)
-  --link, --name, --strict, --log as for serve
+  --link, --name, --strict, --rtl-stops, --log as for serve
 
 serve options:
   --inst N             simulator instance (default 1): CSR port 7700+N, DMA port 7002+N
@@ -52,6 +52,11 @@ serve options:
                                                   (port 4791)
   --name NAME          card name in logs (default blueN)
   --strict             add the protection-domain check the card lacks
+  --rtl-stops POLICY   where the RTL freezes or its simulation ends (an lkey without a
+                       valid MR entry, a failed UpdatePGT, an undecoded register, a stale
+                       PSN, ...): freeze (the card stops, as the RTL; the default, or
+                       $BLUERDMA_RTL_STOPS), fail (freeze, and exit with an error at the
+                       end) or continue (log and carry on)
   --bus 256|512        data bus width in bits: 32- or 64-byte DMA beats (default 256)
   --driver-wait SECS   how long a DMA access waits for the driver to connect (default 10)
   --log LEVEL          off, error, warn, info (default), debug or trace
@@ -75,6 +80,7 @@ struct ServeArgs {
     link: LinkSpec,
     name: Option<String>,
     strict: bool,
+    rtl_stops: RtlStopPolicy,
     bus: BusWidth,
     driver_wait: Duration,
     log: log::LevelFilter,
@@ -89,6 +95,7 @@ impl Default for ServeArgs {
             link: LinkSpec::Loopback,
             name: None,
             strict: false,
+            rtl_stops: RtlStopPolicy::from_env(),
             bus: BusWidth::Bits256,
             driver_wait: Duration::from_secs(10),
             log: log::LevelFilter::Info,
@@ -104,6 +111,7 @@ struct PciServeArgs {
     link: LinkSpec,
     name: String,
     strict: bool,
+    rtl_stops: RtlStopPolicy,
     log: log::LevelFilter,
 }
 
@@ -166,6 +174,7 @@ fn parse_pci(mut args: impl Iterator<Item = String>) -> Result<Command, String> 
         link: LinkSpec::Loopback,
         name: "blue-pci".into(),
         strict: false,
+        rtl_stops: RtlStopPolicy::from_env(),
         log: log::LevelFilter::Info,
     };
     while let Some(flag) = args.next() {
@@ -182,6 +191,7 @@ fn parse_pci(mut args: impl Iterator<Item = String>) -> Result<Command, String> 
             "--link" => a.link = parse_link(&value()?)?,
             "--name" => a.name = value()?,
             "--strict" => a.strict = true,
+            "--rtl-stops" => a.rtl_stops = RtlStopPolicy::parse(&value()?)?,
             "--log" => {
                 let level = value()?;
                 a.log = level
@@ -213,6 +223,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Command, String> {
             "--link" => serve.link = parse_link(&value()?)?,
             "--name" => serve.name = Some(value()?),
             "--strict" => serve.strict = true,
+            "--rtl-stops" => serve.rtl_stops = RtlStopPolicy::parse(&value()?)?,
             "--bus" => {
                 serve.bus = match value()?.as_str() {
                     "256" => BusWidth::Bits256,
@@ -314,6 +325,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let config = NicConfig {
         name: args.name.unwrap_or_else(|| format!("blue{}", args.inst)),
         strict: args.strict,
+        rtl_stops: binary_policy(args.rtl_stops),
         ..NicConfig::default()
     };
     let dma = DmaServerConfig {
@@ -335,11 +347,38 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     run_until_stopped(|| card.nic().stats().snapshot());
     let stats = card.nic().stats().snapshot();
     let (csr, dma) = (card.csr_stats(), card.dma_stats());
+    let stop = card.nic().shared().rtl_stop();
     drop(card);
     say(format_args!("card counters: {stats}"));
     say(format_args!("CSR {csr:?}"));
     say(format_args!("DMA {dma:?}"));
-    Ok(())
+    rtl_stop_verdict(args.rtl_stops, stop)
+}
+
+/// The card's policy for `policy`: `fail` is `freeze` plus [`rtl_stop_verdict`] at the end
+/// (the binary exits with an error rather than panicking as a dropped card would).
+fn binary_policy(policy: RtlStopPolicy) -> RtlStopPolicy {
+    match policy {
+        RtlStopPolicy::Fail => RtlStopPolicy::Freeze,
+        p => p,
+    }
+}
+
+/// Under `fail`, an RTL stop the card reached is the run's error.
+fn rtl_stop_verdict(
+    policy: RtlStopPolicy,
+    stop: Option<bluerdma_sim::model::RtlStop>,
+) -> Result<(), String> {
+    match stop {
+        Some(stop) if policy == RtlStopPolicy::Fail => {
+            Err(format!("the card froze at an RTL stop: {stop}"))
+        }
+        Some(stop) => {
+            say(format_args!("the card reached an RTL stop: {stop}"));
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }
 
 /// Waits for SIGINT or SIGTERM, logging the card's counters when they change.
@@ -367,6 +406,7 @@ fn pci_serve(args: PciServeArgs) -> Result<(), String> {
     cfg.nic = NicConfig {
         name: args.name,
         strict: args.strict,
+        rtl_stops: binary_policy(args.rtl_stops),
         ..NicConfig::default()
     };
     let link = open_link(args.link, 1).map_err(|e| format!("link: {e}"))?;
@@ -382,9 +422,10 @@ fn pci_serve(args: PciServeArgs) -> Result<(), String> {
     ));
     run_until_stopped(|| card.nic().stats().snapshot());
     let stats = card.nic().stats().snapshot();
+    let stop = card.nic().shared().rtl_stop();
     drop(card);
     say(format_args!("card counters: {stats}"));
-    Ok(())
+    rtl_stop_verdict(args.rtl_stops, stop)
 }
 
 fn main() -> ExitCode {
@@ -446,7 +487,7 @@ mod tests {
     fn every_option_is_parsed() {
         let Ok(Command::Serve(a)) = parse_words(
             "serve --inst 2 --csr-port 0 --dma-port 9004 --link two-card-connect:7778 \
-             --name x --strict --bus 512 --driver-wait 0.5 --log debug",
+             --name x --strict --rtl-stops continue --bus 512 --driver-wait 0.5 --log debug",
         ) else {
             panic!("not parsed");
         };
@@ -455,6 +496,7 @@ mod tests {
         assert_eq!(a.link, LinkSpec::TwoCardConnect(7778));
         assert_eq!(a.name.as_deref(), Some("x"));
         assert!(a.strict);
+        assert_eq!(a.rtl_stops, RtlStopPolicy::Continue);
         assert_eq!(a.bus, BusWidth::Bits512);
         assert_eq!(a.driver_wait, Duration::from_millis(500));
         assert_eq!(a.log, log::LevelFilter::Debug);
@@ -490,6 +532,7 @@ mod tests {
         assert!(err("serve --link soft-switch:x").contains("not a valid number"));
         assert!(err("serve --link udp:localhost").contains("IPv4"));
         assert!(err("serve --bus 128").contains("--bus"));
+        assert!(err("serve --rtl-stops strict").contains("freeze, fail, continue"));
         assert!(err("serve --driver-wait -1").contains("--driver-wait"));
         assert!(err("serve --frobnicate").contains("--frobnicate"));
         assert!(err("launch").contains("launch"));

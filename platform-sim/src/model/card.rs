@@ -11,7 +11,7 @@
 //! [`crate::pair`]).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -28,6 +28,7 @@ use super::regs::RegisterFile;
 use super::rings;
 use super::rx::RxEngine;
 use super::stats::NicStats;
+use super::stops::{RtlStop, RtlStopPolicy};
 use super::tables::Tables;
 use super::tx::TxEngine;
 use crate::link::LinkPort;
@@ -45,6 +46,9 @@ pub struct NicConfig {
     /// How long a QP's receive window must be quiet before the timer report (the RTL's
     /// 5000 cycles are 10 us at its 2 ns clock).
     pub quiet_timeout: Duration,
+    /// What the card does where the RTL freezes or its simulation ends (the default
+    /// freezes; `BLUERDMA_RTL_STOPS` chooses: [`RtlStopPolicy::from_env`]).
+    pub rtl_stops: RtlStopPolicy,
 }
 
 impl Default for NicConfig {
@@ -54,6 +58,7 @@ impl Default for NicConfig {
             page_size: PageSize::Size2M,
             strict: false,
             quiet_timeout: Duration::from_micros(10),
+            rtl_stops: RtlStopPolicy::from_env(),
         }
     }
 }
@@ -117,6 +122,14 @@ pub struct Shared {
     /// The card's time source (ns timestamps are relative to its origin).
     pub clock: CardClock,
     stop: AtomicBool,
+    /// An RTL stop froze the card ([`RtlStopPolicy::freezes`]).
+    frozen: AtomicBool,
+    /// The first RTL stop.
+    first_stop: Mutex<Option<RtlStop>>,
+    /// Its owner took the first stop ([`Shared::take_rtl_stop`]) to report it.
+    stop_reported: AtomicBool,
+    /// Undecoded register accesses already taken as RTL stops.
+    undecoded_seen: AtomicU64,
 }
 
 impl Shared {
@@ -127,8 +140,82 @@ impl Shared {
             stats: NicStats::default(),
             clock,
             stop: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
+            first_stop: Mutex::new(None),
+            stop_reported: AtomicBool::new(false),
+            undecoded_seen: AtomicU64::new(0),
             config,
         })
+    }
+
+    /// The card reached `event`, where the RTL stops: counted, logged, kept if it is the
+    /// first, and, unless the policy says carry on, the card freezes. Returns whether the
+    /// card is frozen (the caller abandons what it was doing).
+    pub fn rtl_stop_at(&self, event: RtlStop) -> bool {
+        NicStats::bump(&self.stats.rtl_stops);
+        let freezes = self.config.rtl_stops.freezes();
+        if freezes && self.frozen.swap(true, Ordering::AcqRel) {
+            // Already frozen: the first event is the one that counts.
+            return true;
+        }
+        if freezes {
+            log::error!(
+                "{}: RTL stop, the card is frozen (as the RTL would be): {event}",
+                self.config.name
+            );
+        } else {
+            log::error!(
+                "{}: RTL stop ignored (the RTL would stop here): {event}",
+                self.config.name
+            );
+        }
+        let mut first = self.first_stop.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert(event);
+        freezes
+    }
+
+    /// Whether an RTL stop froze the card. Also takes the driver's undecoded register
+    /// accesses since the last look as RTL stops (the register file only rejects them).
+    pub fn frozen(&self) -> bool {
+        // Two atomic loads on the hot path; the register file's lock only after a rejection.
+        let n = self.regs.undecoded_count();
+        let seen = self.undecoded_seen.load(Ordering::Acquire);
+        if n > seen
+            && self
+                .undecoded_seen
+                .compare_exchange(seen, n, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let (_, last) = self.regs.undecoded();
+            let (offset, is_write) = last.map_or((0, false), |a| (a.offset, a.is_write));
+            self.rtl_stop_at(RtlStop::UndecodedRegister { offset, is_write });
+        }
+        self.frozen.load(Ordering::Acquire)
+    }
+
+    /// The first RTL stop the card reached, if any (frozen or not, by the policy).
+    pub fn rtl_stop(&self) -> Option<RtlStop> {
+        self.frozen();
+        self.first_stop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// [`Shared::rtl_stop`] for an owner that reports it itself (a failed scenario): under
+    /// [`RtlStopPolicy::Fail`] dropping the card no longer panics for it.
+    pub fn take_rtl_stop(&self) -> Option<RtlStop> {
+        let stop = self.rtl_stop();
+        if stop.is_some() {
+            self.stop_reported.store(true, Ordering::Release);
+        }
+        stop
+    }
+
+    /// An RTL stop nobody reported ([`Shared::take_rtl_stop`]).
+    fn unreported_rtl_stop(&self) -> Option<RtlStop> {
+        self.rtl_stop()
+            .filter(|_| !self.stop_reported.load(Ordering::Acquire))
     }
 
     /// Locks the card state (a poisoned lock is taken over: the state is plain data).
@@ -245,6 +332,15 @@ impl Nic {
 impl Drop for Nic {
     fn drop(&mut self) {
         self.stop();
+        if self.shared.config.rtl_stops == RtlStopPolicy::Fail && !thread::panicking() {
+            if let Some(event) = self.shared.unreported_rtl_stop() {
+                panic!(
+                    "{}: the card froze at an RTL stop ({}=fail): {event}",
+                    self.shared.config.name,
+                    super::stops::RTL_STOPS_ENV
+                );
+            }
+        }
     }
 }
 
@@ -302,6 +398,12 @@ impl SteppedNic {
         self.tx.step_commands()
     }
 
+    /// Fetches and executes the send ring (a driver waiting for the card's tail), the
+    /// frames going to the link; returns whether there were descriptors.
+    pub fn step_send(&mut self) -> bool {
+        self.tx.step_send()
+    }
+
     /// One pass of the transmit side: commands, send ring, simple-NIC TX; the frames go to
     /// the link. Returns whether there was work.
     pub fn step_tx(&mut self) -> bool {
@@ -316,8 +418,11 @@ impl SteppedNic {
     }
 
     /// When the earliest quiet timer of a receive window fires (ns on the card's clock), if
-    /// one is armed.
+    /// one is armed (a frozen card runs no timer).
     pub fn next_timer_ns(&self) -> Option<u64> {
+        if self.shared.frozen() {
+            return None;
+        }
         let quiet = self.shared.config.quiet_timeout.as_nanos() as u64;
         let state = self.shared.state();
         state

@@ -2,33 +2,44 @@
 //! time, in ring order, each answered on the response ring.
 //!
 //! Op codes decode from their low 3 bits (8..=12 alias 0..=4); 5..=7 get no response, as on
-//! the card, and are counted and logged. Where the RTL would end the simulation on a request
-//! it cannot execute (a PGT staging buffer that breaks the DMA rules, a DMA fault) the model
-//! answers with is_success = 0 instead, so the driver's command wait ends with an error.
+//! the card, and are counted. Both they and a request the RTL cannot execute (a PGT staging
+//! buffer that breaks the DMA rules, a DMA fault) end the RTL's simulation: they are RTL
+//! stops ([`super::stops`]). A card that freezes at them answers nothing more; one that
+//! carries on answers the failed UpdatePGT with is_success = 0, so the driver's command
+//! wait ends with an error.
 
 use bluerdma_core::addr::DeviceAddr;
 use bluerdma_core::desc::cmd::{CmdRequest, CmdResponse};
 use bluerdma_core::desc::pgt::{check_staging, staged_entries, PGT_ENTRY_SIZE};
-use bluerdma_core::desc::RawDesc;
+use bluerdma_core::desc::{DescError, RawDesc};
 
-use super::card::CardState;
+use super::card::{CardState, Shared};
 use super::stats::NicStats;
+use super::stops::RtlStop;
 use super::tables::MrEntry;
 use crate::mem::DmaPort;
 
 /// Executes one command request; returns the response to write, or `None` when the card
-/// does not answer (unknown op code).
+/// does not answer (unknown op code, or an RTL stop froze the card).
 pub fn execute(
+    shared: &Shared,
     state: &mut CardState,
     dma: &mut dyn DmaPort,
-    stats: &NicStats,
     request: &RawDesc,
 ) -> Option<RawDesc> {
+    let stats = &shared.stats;
     let (cmd, _user_data) = match CmdRequest::decode(request) {
         Ok(c) => c,
         Err(e) => {
             NicStats::bump(&stats.command_errors);
-            log::error!("emulated NIC: command not executed, no response (as the card): {e}");
+            if let DescError::UnknownOpCode { raw, .. } = e {
+                shared.rtl_stop_at(RtlStop::UnknownCommand { op: raw & 7 });
+            } else {
+                log::error!(
+                    "{}: command not executed, no response (as the card): {e}",
+                    shared.config.name
+                );
+            }
             return None;
         }
     };
@@ -52,9 +63,11 @@ pub fn execute(
             };
         }
         CmdRequest::UpdatePgt(c) => {
-            if let Err(e) = update_pgt(state, dma, c.dma_addr, c.start_index, c.entry_count) {
+            if let Err(reason) = update_pgt(state, dma, c.dma_addr, c.start_index, c.entry_count) {
                 NicStats::bump(&stats.command_errors);
-                log::error!("emulated NIC: UpdatePGT failed (the RTL would stop here): {e}");
+                if shared.rtl_stop_at(RtlStop::UpdatePgt { reason }) {
+                    return None;
+                }
                 response.is_success = false;
             }
         }

@@ -1,5 +1,6 @@
 //! The behavioural model of the card (nic-behaviour.md): register file, card side of the
-//! rings, command processing, transmit and receive paths, PSN windows and reports.
+//! rings, command processing, transmit and receive paths, PSN windows and reports, and
+//! the places where the RTL stops ([`stops`]).
 
 pub mod autoack;
 pub mod card;
@@ -9,9 +10,11 @@ pub mod regs;
 pub mod rings;
 mod rx;
 pub mod stats;
+pub mod stops;
 pub mod tables;
 mod tx;
 
 pub use card::{CardState, Nic, NicConfig, Shared, SteppedNic};
 pub use clock::{CardClock, VirtualClock};
 pub use stats::{NicStats, NicStatsSnapshot};
+pub use stops::{RtlStop, RtlStopPolicy, RTL_STOPS_ENV};

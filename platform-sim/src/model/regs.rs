@@ -3,7 +3,8 @@
 //!
 //! Decoding follows the RTL (hardware-contract.md corrections 2 and 3): one channel, 16-bit
 //! address truncation, counters read-only. Anything else is rejected loudly: an error for
-//! the caller, a counter, and a log line.
+//! the caller, a counter, and a log line; the card takes it as an RTL stop
+//! ([`super::stops::RtlStop::UndecodedRegister`]) at its next step.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -67,7 +68,7 @@ impl RegisterFile {
         if let Ok(mut last) = self.last_undecoded.lock() {
             *last = Some(e);
         }
-        log::error!(
+        log::warn!(
             "emulated NIC: undecoded register {} at {offset:#x} (the RTL simulation would end here)",
             if is_write { "write" } else { "read" }
         );
@@ -134,6 +135,12 @@ impl RegisterFile {
     /// A counter's value.
     pub fn counter(&self, c: Counter) -> u32 {
         self.counters[counter_slot(c)].load(Ordering::Relaxed)
+    }
+
+    /// How many undecoded accesses were rejected (one atomic load: the card asks at every
+    /// step).
+    pub fn undecoded_count(&self) -> u64 {
+        self.undecoded.load(Ordering::Relaxed)
     }
 
     /// How many undecoded accesses were rejected, and the last one.

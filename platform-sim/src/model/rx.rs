@@ -4,8 +4,10 @@
 //!
 //! Where the RTL is broken the model does what was intended (hardware-contract.md
 //! correction 14): a failed QP-context check drops just that packet (the RTL desynchronises
-//! its pipeline), a stale PSN is ignored and counted (the RTL freezes), the simple-NIC RX
-//! buffer is the one SetRawPacketReceiveMeta named (the RTL writes to address 0).
+//! its pipeline), the simple-NIC RX buffer is the one SetRawPacketReceiveMeta named (the
+//! RTL writes to address 0). Where the RTL stops ([`super::stops`]: a stale PSN, a frame too
+//! short for its pipeline) the card freezes unless its policy says carry on; a frozen card
+//! drops every frame it is given.
 
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
@@ -26,6 +28,7 @@ use super::autoack::{LossReport, MergeOutcome};
 use super::card::{CardState, Shared};
 use super::rings;
 use super::stats::NicStats;
+use super::stops::RtlStop;
 use super::tables::{access, TranslateError};
 use crate::link::LinkPort;
 use crate::mem::DmaPort;
@@ -70,6 +73,10 @@ impl RxEngine {
     }
 
     fn next_timeout(&self) -> Duration {
+        if self.shared.frozen() {
+            // Nothing to flush and no timer to run: only frames to drop.
+            return Duration::from_millis(5);
+        }
         if !self.pending.is_empty() {
             return Duration::from_micros(20);
         }
@@ -95,7 +102,19 @@ impl RxEngine {
     }
 
     /// Receives for at most `timeout`, then flushes pending reports and runs the timers.
+    /// A frozen card only takes frames off the link and drops them.
     pub fn step(&mut self, timeout: Duration) -> usize {
+        if self.shared.frozen() {
+            let stats = &self.shared.stats;
+            let n = self
+                .link
+                .recv_frames(timeout, &mut |_| NicStats::bump(&stats.frozen_drops))
+                .unwrap_or_else(|_| {
+                    std::thread::sleep(timeout);
+                    0
+                });
+            return n;
+        }
         self.flush_pending();
         let mut n = 0;
         if self.pending.len() < MAX_PENDING {
@@ -222,6 +241,11 @@ struct Drop(Option<Counter>);
 impl RxContext<'_> {
     fn frame(&mut self, frame: &[u8]) {
         let stats = &self.shared.stats;
+        if self.shared.frozen() {
+            // An earlier frame of this batch froze the card.
+            NicStats::bump(&stats.frozen_drops);
+            return;
+        }
         NicStats::bump(&stats.rx_frames);
         let regs = &self.shared.regs;
         let mut state = self.shared.state();
@@ -229,6 +253,14 @@ impl RxContext<'_> {
             NicStats::bump(&stats.rx_before_setup);
             return;
         };
+        // One beat or less (section 2.1): the RTL's classifier stops.
+        if frame.len() <= 32
+            && self
+                .shared
+                .rtl_stop_at(RtlStop::ShortFrame { len: frame.len() })
+        {
+            return;
+        }
         // Address filter (section 2.1): our MAC or broadcast, and our IP at bytes 30..33.
         let dst_mac = frame
             .get(0..6)
@@ -252,6 +284,13 @@ impl RxContext<'_> {
             return;
         }
         regs.bump(Counter::EthRdma);
+        if roce_too_short(frame)
+            && self
+                .shared
+                .rtl_stop_at(RtlStop::ShortFrame { len: frame.len() })
+        {
+            return;
+        }
         let (packet, payload) = match RocePacket::parse_frame(frame) {
             Ok(p) => p,
             Err(e) => {
@@ -424,11 +463,12 @@ impl RxContext<'_> {
             MergeOutcome::Accepted => {}
             MergeOutcome::Stale => {
                 NicStats::bump(&self.shared.stats.stale_psns);
-                log::warn!(
-                    "{}: stale PSN {:#x} on QP index {index} ignored (the RTL would freeze)",
-                    self.shared.config.name,
-                    bth.psn
-                );
+                // Carrying on (policy `continue`) ignores the PSN, as the RTL meant to.
+                self.shared.rtl_stop_at(RtlStop::StalePsn {
+                    qp_index: index,
+                    psn: bth.psn,
+                    stride: w.left_bound,
+                });
             }
             MergeOutcome::Lost(r) => self.loss(state, index, &r),
         }
@@ -537,6 +577,23 @@ impl RxContext<'_> {
         });
         NicStats::bump(&stats.simple_rx);
     }
+}
+
+/// A RoCE frame the RTL's header extractor stops on (section 2.2): one that ends in its
+/// second beat (at most 64 bytes), or that ends by byte 96 while it has payload (a payload
+/// opcode and RETH.dlen, frame bytes 66..70, not zero).
+fn roce_too_short(frame: &[u8]) -> bool {
+    if frame.len() <= 64 {
+        return true;
+    }
+    if frame.len() > 96 {
+        return false;
+    }
+    let payload_op = RdmaOpcode::from_raw(frame[42]).has_payload();
+    let dlen = frame
+        .get(66..70)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    payload_op && dlen != 0
 }
 
 /// The meta report of an accepted packet (section 4.1-4.2), if the card writes one.

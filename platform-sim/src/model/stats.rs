@@ -72,7 +72,7 @@ nic_stats! {
     rx_accepted,
     /// Payload bytes written to host memory.
     rx_payload_bytes,
-    /// PSNs more than 8 strides behind the window (the RTL would freeze; ignored here).
+    /// PSNs more than 8 strides behind the window (an RTL stop: see `rtl_stops`).
     stale_psns,
     /// NAK packets sent by the card's loss detector.
     naks_sent,
@@ -90,6 +90,11 @@ nic_stats! {
     simple_rx_dropped,
     /// Packets refused by the strict protection-domain check (strict mode only).
     strict_pd_drops,
+    /// Events at which the RTL freezes or its simulation ends (`model::stops`); the first
+    /// one froze the card unless its policy is `continue`.
+    rtl_stops,
+    /// Frames that arrived while the card was frozen (dropped).
+    frozen_drops,
 }
 
 impl NicStats {

@@ -5,6 +5,10 @@
 //! with consecutive PSNs from Seg0.psn; headers follow the card's wire profile; the payload
 //! is read through the MR table of Seg1.lkey (by index only: the card checks nothing on
 //! transmit). All frames ready in one pass go to the link in one call.
+//!
+//! A WQE the RTL cannot execute (an lkey without a valid MR entry, a payload-less WQE that
+//! is not both first and last) is an RTL stop ([`super::stops`]): a frozen card takes
+//! nothing more from its rings.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +28,7 @@ use super::card::Shared;
 use super::cmd;
 use super::rings;
 use super::stats::NicStats;
+use super::stops::RtlStop;
 use crate::link::FrameSender;
 use crate::mem::DmaPort;
 
@@ -63,17 +68,24 @@ impl TxEngine {
         while !self.shared.stopping() {
             if !self.step() {
                 let regs = Arc::clone(&self.shared.regs);
+                // A frozen card has no work, whatever the rings hold.
+                let frozen = self.shared.frozen();
                 regs.sleep_unless(Duration::from_millis(100), || {
-                    [RingId::CmdRequest, RingId::Send(0), RingId::SimpleNicTx]
-                        .iter()
-                        .any(|&id| regs.ring(id, RingReg::Head) != regs.ring(id, RingReg::Tail))
+                    !frozen
+                        && [RingId::CmdRequest, RingId::Send(0), RingId::SimpleNicTx]
+                            .iter()
+                            .any(|&id| regs.ring(id, RingReg::Head) != regs.ring(id, RingReg::Tail))
                 });
             }
         }
     }
 
-    /// One pass over the three host-to-card rings; returns whether there was work.
+    /// One pass over the three host-to-card rings; returns whether there was work. A frozen
+    /// card does nothing.
     pub fn step(&mut self) -> bool {
+        if self.shared.frozen() {
+            return false;
+        }
         let mut work = self.commands();
         work |= self.send_ring();
         work |= self.simple_tx();
@@ -83,7 +95,18 @@ impl TxEngine {
 
     /// Only the command ring (a driver waiting for a command's response).
     pub fn step_commands(&mut self) -> bool {
-        self.commands()
+        !self.shared.frozen() && self.commands()
+    }
+
+    /// Only the send ring (a driver waiting for the card to fetch it); the frames go to
+    /// the link.
+    pub fn step_send(&mut self) -> bool {
+        if self.shared.frozen() {
+            return false;
+        }
+        let work = self.send_ring();
+        self.flush_frames();
+        work
     }
 
     fn fetch(&mut self, id: RingId) -> usize {
@@ -110,9 +133,12 @@ impl TxEngine {
         }
         let descs = std::mem::take(&mut self.descs);
         for d in &descs {
+            if self.shared.frozen() {
+                break;
+            }
             let response = {
                 let mut state = self.shared.state();
-                cmd::execute(&mut state, &mut *self.dma, &self.shared.stats, d)
+                cmd::execute(&self.shared, &mut state, &mut *self.dma, d)
             };
             if let Some(r) = response {
                 self.shared
@@ -124,11 +150,14 @@ impl TxEngine {
     }
 
     fn send_ring(&mut self) -> bool {
-        if self.fetch(RingId::Send(0)) == 0 {
+        if self.shared.frozen() || self.fetch(RingId::Send(0)) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);
         for d in &descs {
+            if self.shared.frozen() {
+                break;
+            }
             self.partial.push(*d);
             if d.has_next() {
                 continue;
@@ -203,6 +232,13 @@ impl TxEngine {
         bth.msn = s0.msn;
 
         if op == WorkReqOpcode::Read || s1.len == 0 {
+            if !(s1.is_first && s1.is_last)
+                && self
+                    .shared
+                    .rtl_stop_at(RtlStop::PayloadlessNotWhole { op: op.raw() })
+            {
+                return;
+            }
             // One payload-less packet with PSN = Seg0.psn.
             let opcode = opcode_for(op, s1.is_first, s1.is_last);
             let mut h = PacketHeaders::new(Bth { opcode, ..bth });
@@ -243,11 +279,11 @@ impl TxEngine {
             if !state.tables.mr(lkey_index).valid {
                 drop(state);
                 NicStats::bump(&stats.bad_wqes);
-                log::error!(
-                    "{}: lkey {:#x} has no valid MR entry (the RTL would stop here)",
-                    self.shared.config.name,
-                    s1.lkey.get()
-                );
+                // Carrying on (policy `continue`) drops just this WQE.
+                shared.rtl_stop_at(RtlStop::InvalidLkey {
+                    lkey: s1.lkey.get(),
+                    sqpn: s1.sqpn.get(),
+                });
                 return;
             }
             let payload = &mut self.payload;
@@ -342,7 +378,7 @@ impl TxEngine {
     }
 
     fn simple_tx(&mut self) -> bool {
-        if self.fetch(RingId::SimpleNicTx) == 0 {
+        if self.shared.frozen() || self.fetch(RingId::SimpleNicTx) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);

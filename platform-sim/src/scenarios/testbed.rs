@@ -34,7 +34,7 @@ use crate::link::{
     LinkStats, LinkStatsSnapshot, PcapSink, UdpLink, UdpLinkConfig,
 };
 use crate::mem::{HostDma, HostMemory};
-use crate::model::{NicConfig, NicStatsSnapshot};
+use crate::model::{NicConfig, NicStatsSnapshot, RtlStopPolicy};
 use crate::rawdrv::{RawDriver, RawError};
 
 /// The cards' IPv4 addresses: blue0, blue1.
@@ -65,6 +65,10 @@ pub struct TestbedConfig {
     pub capture: Option<PcapSink>,
     /// Keep every frame each card receives, for [`Testbed::received_frames`].
     pub record_received: bool,
+    /// The cards freeze at RTL stops either way; unless this is set, a stop nobody
+    /// reported ([`Testbed::take_rtl_stops`]) makes dropping the testbed panic with it
+    /// (`BLUERDMA_RTL_STOPS=continue` lets the cards carry on instead).
+    pub allow_rtl_stops: bool,
 }
 
 impl TestbedConfig {
@@ -75,6 +79,7 @@ impl TestbedConfig {
             faults: [None, None],
             capture: None,
             record_received: false,
+            allow_rtl_stops: false,
         }
     }
 }
@@ -320,6 +325,21 @@ impl Testbed {
         self.cards[side].nic.stats().snapshot()
     }
 
+    /// The RTL stops the cards reached, one line each naming the card (taken: the caller
+    /// reports them, so dropping the testbed does not panic for them).
+    pub fn take_rtl_stops(&self) -> Vec<String> {
+        self.cards
+            .iter()
+            .zip(CARD_NAMES)
+            .filter_map(|(c, name)| {
+                c.nic
+                    .shared()
+                    .take_rtl_stop()
+                    .map(|stop| format!("{name} froze at an RTL stop: {stop}"))
+            })
+            .collect()
+    }
+
     /// A counter register of card `side`.
     pub fn counter(&self, side: usize, counter: Counter) -> u32 {
         self.cards[side].nic.regs().counter(counter)
@@ -549,8 +569,14 @@ fn start_card(
         ));
         record = Some(ReceiveRecord { sink, bytes });
     }
+    let rtl_stops = match (config.allow_rtl_stops, RtlStopPolicy::from_env()) {
+        (_, RtlStopPolicy::Continue) => RtlStopPolicy::Continue,
+        (true, _) => RtlStopPolicy::Freeze,
+        (false, _) => RtlStopPolicy::Fail,
+    };
     let nic = NicConfig {
         name: CARD_NAMES[side].into(),
+        rtl_stops,
         ..NicConfig::default()
     };
     Ok((InProcessCard::start(nic, link)?, record))
