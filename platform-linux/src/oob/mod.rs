@@ -91,6 +91,10 @@
 //!   `WouldBlock` means the peer's queue is full: keep the WR and try again after `poll`.
 //! - A SEND longer than the receive WR it was matched with sends one receive-WR-too-short
 //!   record (the requester's own QPN) with [`OobTransport::send_too_short`].
+//! - An atomic goes with [`OobTransport::send_atomic`] (a request: two records; the reply:
+//!   one), and comes back as `OobEvent::Atomic`; a request for a peer without ATOMICS is
+//!   answered here with status unsupported. [`TcpOob::notifier`] lets the owner be woken
+//!   when records arrive (the verbs `Context` wakes its progress thread).
 //! - Each progress step drains `poll`. `RecvWr { from, wr }` goes to the QP whose peer QPN
 //!   is `wr.qpn` and whose peer IP is `from`; so does `RecvTooShort { from, rec }`.
 //!   `PeerLost { peer }` moves the QPs whose peer IP is `peer` and that have a SEND
