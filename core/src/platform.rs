@@ -9,7 +9,7 @@ use core::net::Ipv4Addr;
 use core::ptr::NonNull;
 
 use crate::addr::{DeviceAddr, PageSize, VirtAddr};
-use crate::oob::{RecvTooShort, RecvWr};
+use crate::oob::{AtomicMessage, AtomicOp, RecvTooShort, RecvWr};
 use crate::regs::Reg;
 
 /// What a platform operation can fail with. Small and `Copy` so it travels through the
@@ -240,6 +240,86 @@ pub trait MemoryResolver {
         page: PageSize,
         out: &mut [DeviceAddr],
     ) -> Result<(), PlatformError>;
+    /// Executes `op` on the 64-bit integer at `va` and returns the value it held before:
+    /// the responder's half of an atomic, which the card cannot do. It must be atomic with
+    /// respect to every other call on the same memory ([`atomic_in_place`] is, for memory
+    /// the CPU reaches at `va`). The engine asks only for 8-byte aligned addresses inside
+    /// a valid MR with LOCAL_WRITE; an implementation must still refuse, with
+    /// [`PlatformError::NotMapped`], an address that is not aligned or whose 8 bytes do
+    /// not lie in one range it pinned with `write` and has not unpinned ([`pinned_at`]
+    /// finds it), so that no mistake reaches unmapped memory. [`PlatformError::Unsupported`]
+    /// if the platform cannot reach user memory.
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError>;
+    /// Writes `bytes` at `va` (the original value of an atomic, into the requester's sink),
+    /// refusing a range outside what it pinned with `write` as [`MemoryResolver::atomic`]
+    /// does.
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError>;
+}
+
+/// Which of `pinned` (ranges as `(va, len)`, pinned with `write`) holds all of
+/// `[va, va + len)`; [`PlatformError::NotMapped`] naming `va` if none does. The check of
+/// [`MemoryResolver::atomic`] and [`MemoryResolver::write`].
+pub fn pinned_at(
+    pinned: impl IntoIterator<Item = (u64, u64)>,
+    va: VirtAddr,
+    len: u64,
+) -> Result<(u64, u64), PlatformError> {
+    let end =
+        va.0.checked_add(len)
+            .ok_or(PlatformError::NotMapped { va })?;
+    pinned
+        .into_iter()
+        .find(|&(start, n)| start <= va.0 && start.checked_add(n).is_some_and(|e| end <= e))
+        .ok_or(PlatformError::NotMapped { va })
+}
+
+/// [`MemoryResolver::atomic`] for a platform whose CPU reaches user memory at its virtual
+/// address (every platform here: the process's own memory, or the soft-core's identity
+/// window). With 64-bit atomics on the target it is a `fetch_add` or a `compare_exchange`,
+/// atomic against every other atomic access to the same 8 bytes in the address space
+/// (both devices of one process, CPU threads); without them (a 32-bit soft-core) a plain
+/// read-modify-write, which is still atomic against the other atomics of the engine,
+/// because it executes them one at a time. Neither is atomic against the card's DMA (a
+/// WRITE to the same bytes) or a plain CPU store.
+///
+/// # Safety
+/// `va` is 8-byte aligned and the 8 bytes there are valid for reads and writes (for a
+/// resolver: [`pinned_at`] found them in a range pinned with `write`).
+pub unsafe fn atomic_in_place(va: VirtAddr, op: AtomicOp) -> u64 {
+    let ptr = va.0 as usize as *mut u64;
+    #[cfg(target_has_atomic = "64")]
+    {
+        use core::sync::atomic::{AtomicU64, Ordering};
+        // SAFETY: the caller's contract: aligned, valid, and (as for any memory the card
+        // may write) accessed by others only through atomics or DMA while this runs.
+        let cell = unsafe { AtomicU64::from_ptr(ptr) };
+        match op {
+            AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CompareSwap { compare, swap } => cell
+                .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
+                .unwrap_or_else(|old| old),
+        }
+    }
+    #[cfg(not(target_has_atomic = "64"))]
+    {
+        // SAFETY: the caller's contract: aligned and valid for reads and writes.
+        unsafe {
+            let old = core::ptr::read_volatile(ptr);
+            core::ptr::write_volatile(ptr, op.apply(old));
+            old
+        }
+    }
+}
+
+/// [`MemoryResolver::write`] for a platform whose CPU reaches user memory at its virtual
+/// address (see [`atomic_in_place`]).
+///
+/// # Safety
+/// `[va, va + bytes.len())` is valid for writes.
+pub unsafe fn write_in_place(va: VirtAddr, bytes: &[u8]) {
+    // SAFETY: the caller's contract; `bytes` is a borrow of other memory, so the two do
+    // not overlap.
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), va.0 as usize as *mut u8, bytes.len()) }
 }
 
 /// Something that arrived on the out-of-band channel.
@@ -260,6 +340,16 @@ pub enum OobEvent {
         /// Which receive WR, the SEND's length and the requester's QPN.
         rec: RecvTooShort,
     },
+    /// An atomic request from the driver at `from` (the responder executes it), or the
+    /// reply to one of ours. A transport that held our request for a peer without
+    /// [`crate::oob::Capabilities::ATOMICS`] makes the reply itself
+    /// ([`crate::oob::AtomicReply::refusal`], status unsupported), `from` that peer.
+    Atomic {
+        /// IP address of the other device (the connection's source).
+        from: Ipv4Addr,
+        /// The request or reply.
+        msg: AtomicMessage,
+    },
     /// The connection to `peer` broke; QPs that depend on it must go to the error state.
     PeerLost {
         /// The peer's IP address.
@@ -276,6 +366,11 @@ pub trait OobTransport {
     /// without it nothing is sent (the transport counts it). May return
     /// [`PlatformError::WouldBlock`].
     fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError>;
+    /// Queues an atomic request or reply for the device at `peer`. A request for a peer
+    /// whose hello lacks [`crate::oob::Capabilities::ATOMICS`] is not sent: the transport
+    /// answers it with an [`OobEvent::Atomic`] reply of status unsupported. May return
+    /// [`PlatformError::WouldBlock`].
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError>;
     /// Takes the next event, if any. Never blocks.
     fn poll(&mut self) -> Option<OobEvent>;
 }
@@ -296,6 +391,9 @@ impl OobTransport for NoOob {
     ) -> Result<(), PlatformError> {
         Err(PlatformError::Unsupported)
     }
+    fn send_atomic(&mut self, _peer: Ipv4Addr, _msg: &AtomicMessage) -> Result<(), PlatformError> {
+        Err(PlatformError::Unsupported)
+    }
     fn poll(&mut self) -> Option<OobEvent> {
         None
     }
@@ -311,4 +409,37 @@ pub trait Platform {
     type Mem: MemoryResolver;
     /// The out-of-band transport.
     type Oob: OobTransport;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_pinned_only_when_one_pin_holds_all_of_it() {
+        let pins = [(0x1000, 0x100), (0x1100, 0x100)];
+        assert_eq!(pinned_at(pins, VirtAddr(0x10F8), 8), Ok((0x1000, 0x100)));
+        assert_eq!(pinned_at(pins, VirtAddr(0x1100), 8), Ok((0x1100, 0x100)));
+        // Across two pins, past the last, before the first, or wrapping: refused.
+        for va in [0x10FC, 0x11FC, 0xFF8, u64::MAX - 3] {
+            let va = VirtAddr(va);
+            assert_eq!(pinned_at(pins, va, 8), Err(PlatformError::NotMapped { va }));
+        }
+    }
+
+    #[test]
+    fn atomics_in_place_do_what_their_operation_says() {
+        let mut cell = 40u64;
+        let va = VirtAddr(&mut cell as *mut u64 as u64);
+        // SAFETY: `cell` is an aligned, live u64.
+        let old = unsafe { atomic_in_place(va, AtomicOp::FetchAdd { add: 2 }) };
+        assert_eq!((old, cell), (40, 42));
+        let cas = AtomicOp::CompareSwap {
+            compare: 41,
+            swap: 0,
+        };
+        // SAFETY: as above.
+        assert_eq!(unsafe { atomic_in_place(va, cas) }, 42);
+        assert_eq!(cell, 42, "no match, no swap");
+    }
 }

@@ -9,7 +9,8 @@ use core::net::Ipv4Addr;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::oob::{
-    Capabilities, Hello, OobDecoder, OobError, OobMessage, Proof, Record, RecvTooShort, RecvWr,
+    AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities, Hello, OobDecoder, OobError,
+    OobMessage, Proof, Record, RecvTooShort, RecvWr,
 };
 use bluerdma_core::wire::ipv4::ipv4_checksum;
 use bluerdma_core::wire::packet::udp_src_port_for;
@@ -388,9 +389,24 @@ const RECV_TOO_SHORT_RECORD: &str = "
     01 02 03 04 05 06 07 08 | 00 00 00 00 00 00 00 00 | 00 00 00 65 | 00 00 00 00
     00 01 23 ab | 00 00 00 01";
 
-/// The hello: "BRDM", version 2, reserved 0, capabilities RECV_WR_RECORDS (bit 0) and
-/// LENGTH_ERRORS (bit 1), device IP 17.34.51.10, nonce 00..0f.
-const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 03 | 11 22 33 0a
+/// An atomic request, compare-and-swap (kind 2, then its operands, kind 3): remote address,
+/// rkey, sequence number 0x102, the responder's QPN 0x105, operation 1, the requester's
+/// QPN; then compare, swap, the sequence number and the QPN again.
+const ATOMIC_REQUEST_RECORDS: &str = "
+    00 00 7f 12 34 60 00 48 | 00 1f fe a6 | 00 00 01 02 | 00 00 01 05 | 01 00 00 00
+    00 01 23 ab | 00 00 00 02
+    01 02 03 04 05 06 07 08 | 11 12 13 14 15 16 17 18 | 00 00 01 02 | 00 00 00 00
+    00 01 23 ab | 00 00 00 03";
+
+/// The atomic reply (kind 4): the original value, sequence number 0x102, status 0 (done),
+/// the requester's QPN, zero, the responder's QPN.
+const ATOMIC_REPLY_RECORD: &str = "
+    0a 0b 0c 0d 0e 0f 10 11 | 00 00 01 02 | 00 00 00 00 | 00 01 23 ab | 00 00 00 00
+    00 00 01 05 | 00 00 00 04";
+
+/// The hello: "BRDM", version 2, reserved 0, capabilities RECV_WR_RECORDS (bit 0),
+/// LENGTH_ERRORS (bit 1) and ATOMICS (bit 2), device IP 17.34.51.10, nonce 00..0f.
+const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 07 | 11 22 33 0a
     00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f";
 
 /// A proof: 32 opaque bytes after the hello.
@@ -437,13 +453,53 @@ fn recv_too_short_record_vector() {
     );
 }
 
+fn atomic_request() -> AtomicRequest {
+    AtomicRequest {
+        qpn: 0x0123AB,
+        dest_qpn: 0x105,
+        seq: 0x102,
+        raddr: 0x0000_7F12_3460_0048,
+        rkey: 0x001F_FEA6,
+        op: AtomicOp::CompareSwap {
+            compare: 0x0102_0304_0506_0708,
+            swap: 0x1112_1314_1516_1718,
+        },
+    }
+}
+
+fn atomic_reply() -> AtomicReply {
+    AtomicReply {
+        qpn: 0x105,
+        dest_qpn: 0x0123AB,
+        seq: 0x102,
+        status: AtomicStatus::Done,
+        value: 0x0A0B_0C0D_0E0F_1011,
+    }
+}
+
+#[test]
+fn atomic_record_vectors() {
+    let expected = hex(ATOMIC_REQUEST_RECORDS);
+    assert_eq!(atomic_request().to_bytes().unwrap()[..], expected[..]);
+    assert_eq!(
+        Record::parse(&expected),
+        Ok((Record::AtomicRequest(atomic_request()), &[][..]))
+    );
+    let expected = hex(ATOMIC_REPLY_RECORD);
+    assert_eq!(atomic_reply().to_bytes().unwrap()[..], expected[..]);
+    assert_eq!(
+        Record::parse(&expected),
+        Ok((Record::AtomicReply(atomic_reply()), &[][..]))
+    );
+}
+
 #[test]
 fn hello_vector() {
     let expected = hex(HELLO);
     let hello = hello_a();
     assert_eq!(
         hello.capabilities,
-        Capabilities::RECV_WR_RECORDS | Capabilities::LENGTH_ERRORS
+        Capabilities::RECV_WR_RECORDS | Capabilities::LENGTH_ERRORS | Capabilities::ATOMICS
     );
     assert_eq!(hello.to_bytes()[..], expected[..]);
     assert_eq!(Hello::parse(&expected), Ok((hello, &[][..])));
@@ -455,6 +511,8 @@ fn decoder_reads_the_literal_stream() {
     stream.extend(hex(PROOF));
     stream.extend(hex(RECV_WR_RECORD));
     stream.extend(hex(RECV_TOO_SHORT_RECORD));
+    stream.extend(hex(ATOMIC_REQUEST_RECORDS));
+    stream.extend(hex(ATOMIC_REPLY_RECORD));
     stream.extend(hex(RECV_WR_RECORD));
     let mut dec = OobDecoder::new();
     let mut input = &stream[..];
@@ -473,6 +531,14 @@ fn decoder_reads_the_literal_stream() {
     assert_eq!(
         dec.decode(&mut input),
         Ok(Some(OobMessage::RecvTooShort(recv_too_short())))
+    );
+    assert_eq!(
+        dec.decode(&mut input),
+        Ok(Some(OobMessage::AtomicRequest(atomic_request())))
+    );
+    assert_eq!(
+        dec.decode(&mut input),
+        Ok(Some(OobMessage::AtomicReply(atomic_reply())))
     );
     assert_eq!(
         dec.decode(&mut input),

@@ -7,7 +7,8 @@ use core::net::Ipv4Addr;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::oob::{
-    Capabilities, Hello, OobDecoder, OobError, OobMessage, Proof, Record, RecvTooShort, RecvWr,
+    AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities, Hello, OobDecoder, OobError,
+    OobMessage, Proof, Record, RecvTooShort, RecvWr,
 };
 use bluerdma_core::wire::packet::WireProfile;
 use bluerdma_core::wire::{
@@ -216,10 +217,57 @@ fn recv_too_short() -> impl Strategy<Value = RecvTooShort> {
     })
 }
 
+fn atomic_request() -> impl Strategy<Value = AtomicRequest> {
+    let qpn = 0u32..=0x00FF_FFFF;
+    let op = prop_oneof![
+        any::<u64>().prop_map(|add| AtomicOp::FetchAdd { add }),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(compare, swap)| AtomicOp::CompareSwap { compare, swap }),
+    ];
+    (
+        qpn.clone(),
+        qpn,
+        any::<u32>(),
+        any::<u64>(),
+        any::<u32>(),
+        op,
+    )
+        .prop_map(|(qpn, dest_qpn, seq, raddr, rkey, op)| AtomicRequest {
+            qpn,
+            dest_qpn,
+            seq,
+            raddr,
+            rkey,
+            op,
+        })
+}
+
+fn atomic_reply() -> impl Strategy<Value = AtomicReply> {
+    let qpn = 0u32..=0x00FF_FFFF;
+    (qpn.clone(), qpn, any::<u32>(), 0u32..6, any::<u64>()).prop_map(
+        |(qpn, dest_qpn, seq, status, value)| {
+            let status = AtomicStatus::from_raw(status);
+            AtomicReply {
+                qpn,
+                dest_qpn,
+                seq,
+                status,
+                value: if status == AtomicStatus::Done {
+                    value
+                } else {
+                    0
+                },
+            }
+        },
+    )
+}
+
 fn record() -> impl Strategy<Value = Record> {
     prop_oneof![
         recv_wr().prop_map(Record::RecvWr),
         recv_too_short().prop_map(Record::RecvTooShort),
+        atomic_request().prop_map(Record::AtomicRequest),
+        atomic_reply().prop_map(Record::AtomicReply),
     ]
 }
 
@@ -227,6 +275,8 @@ fn message_of(r: &Record) -> OobMessage {
     match *r {
         Record::RecvWr(wr) => OobMessage::RecvWr(wr),
         Record::RecvTooShort(t) => OobMessage::RecvTooShort(t),
+        Record::AtomicRequest(q) => OobMessage::AtomicRequest(q),
+        Record::AtomicReply(a) => OobMessage::AtomicReply(a),
     }
 }
 
@@ -421,16 +471,17 @@ proptest! {
         let _ = Hello::parse(&garbage);
         // Whatever decodes encodes back to the same bytes (parse is exact, no field lost).
         if let Ok((r, _)) = Record::parse(&garbage) {
-            prop_assert_eq!(r.to_bytes().unwrap(), garbage);
+            prop_assert_eq!(&r.to_bytes().unwrap()[..], &garbage[..]);
         }
     }
 
-    /// A record with any kind code: 0 and 1 decode (when their other fields are valid), any
-    /// other kind fails the decoder for good with UnknownRecordKind.
+    /// A record with any kind code: 0, 1 and 4 decode (when their other fields are valid),
+    /// 2 (an atomic request) waits for its operands, 3 (operands alone) and any other kind
+    /// fail the decoder for good.
     #[test]
     fn oob_records_of_any_kind(
         mut bytes in any::<[u8; 32]>(),
-        kind in prop_oneof![0u32..4, any::<u32>()],
+        kind in prop_oneof![0u32..6, any::<u32>()],
     ) {
         bytes[24] = 0;
         bytes[28..].copy_from_slice(&kind.to_be_bytes());
@@ -442,6 +493,21 @@ proptest! {
             1 => {
                 let zero_fields_ok = bytes[8..16] == [0; 8] && bytes[20..24] == [0; 4];
                 let decoded = matches!(got, Ok(Some(OobMessage::RecvTooShort(_))));
+                prop_assert_eq!(decoded, zero_fields_ok);
+            }
+            2 => {
+                prop_assert_eq!(got, Ok(None));
+                let truncated = matches!(dec.finish(), Err(OobError::Truncated { needed: 64, .. }));
+                prop_assert!(truncated, "an atomic request without operands is truncated");
+            }
+            3 => {
+                let stray = matches!(got, Err(OobError::AtomicPair { .. }));
+                prop_assert!(stray, "operands alone: {:?}", got);
+            }
+            4 => {
+                let status_ok = bytes[12..16] == [0; 4] || bytes[..8] == [0; 8];
+                let zero_fields_ok = bytes[16] == 0 && bytes[20..24] == [0; 4] && status_ok;
+                let decoded = matches!(got, Ok(Some(OobMessage::AtomicReply(_))));
                 prop_assert_eq!(decoded, zero_fields_ok);
             }
             _ => {

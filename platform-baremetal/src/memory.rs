@@ -5,7 +5,10 @@
 use core::ops::Range;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
-use bluerdma_core::platform::{MemoryResolver, PlatformError};
+use bluerdma_core::oob::AtomicOp;
+use bluerdma_core::platform::{
+    atomic_in_place, pinned_at, write_in_place, MemoryResolver, PlatformError,
+};
 
 /// Identity translation over a window of physical memory the card may reach.
 #[derive(Clone, Debug)]
@@ -18,6 +21,14 @@ impl IdentityMemory {
     /// card); anything else is refused at registration with [`PlatformError::NotMapped`].
     pub const fn new(window: Range<u64>) -> Self {
         Self { window }
+    }
+}
+
+impl IdentityMemory {
+    /// `[va, va + len)` lies in the window (every byte of it may be written).
+    fn writable(&self, va: VirtAddr, len: u64) -> Result<(), PlatformError> {
+        let w = &self.window;
+        pinned_at([(w.start, w.end.saturating_sub(w.start))], va, len).map(|_| ())
     }
 }
 
@@ -35,6 +46,23 @@ impl MemoryResolver for IdentityMemory {
     }
 
     fn unpin(&mut self, _va: VirtAddr, _len: usize) {}
+
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        self.writable(va, 8)?;
+        if va.0 % 8 != 0 {
+            return Err(PlatformError::NotMapped { va });
+        }
+        // SAFETY: aligned, and inside the window: physical memory the soft-core reaches at
+        // its own address (no memory protection, nothing unmapped).
+        Ok(unsafe { atomic_in_place(va, op) })
+    }
+
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        self.writable(va, bytes.len() as u64)?;
+        // SAFETY: inside the window, as for `atomic`.
+        unsafe { write_in_place(va, bytes) };
+        Ok(())
+    }
 
     fn translate(
         &mut self,

@@ -1,5 +1,5 @@
 //! An in-process out-of-band channel: devices in one process exchange receive WRs (and
-//! receive-WR-too-short records) through a shared hub, with the same semantics as the TCP
+//! receive-WR-too-short records and atomics) through a shared hub, with the same semantics as the TCP
 //! channel (records in order per pair of devices, `from` = the sending device's IP; every
 //! endpoint has all of this driver's capabilities). For tests and single-process setups.
 
@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use bluerdma_core::oob::{RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 /// The shared hub.
@@ -76,6 +76,11 @@ impl OobTransport for HubOob {
         self.deliver(peer, OobEvent::RecvTooShort { from, rec: *rec })
     }
 
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
+        let from = self.ip;
+        self.deliver(peer, OobEvent::Atomic { from, msg: *msg })
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         self.hub.inboxes.lock().ok()?.get_mut(&self.ip)?.pop_front()
     }
@@ -91,6 +96,9 @@ impl OobTransport for DynOob {
     }
     fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError> {
         self.0.send_too_short(peer, rec)
+    }
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
+        self.0.send_atomic(peer, msg)
     }
     fn poll(&mut self) -> Option<OobEvent> {
         self.0.poll()

@@ -113,8 +113,9 @@ struct Inner {
     dev: ManuallyDrop<Mutex<Engine>>,
     epoch: std::time::Instant,
     stop: AtomicBool,
-    /// Wakes the progress thread when new work is posted.
-    kick: (Mutex<bool>, Condvar),
+    /// Wakes the progress thread when new work is posted (or, through [`Context::waker`],
+    /// when the out-of-band channel has records for it).
+    kick: Arc<(Mutex<bool>, Condvar)>,
     spec: DeviceSpec,
     /// Which backend the device runs on, and how its owned buffers are made.
     kind: BackendKind,
@@ -166,11 +167,16 @@ impl Inner {
     }
 
     fn kick(&self) {
-        let (lock, cv) = &self.kick;
-        if let Ok(mut k) = lock.lock() {
-            *k = true;
-            cv.notify_one();
-        }
+        kick(&self.kick);
+    }
+}
+
+/// Wakes the progress thread that waits on `pair`.
+fn kick(pair: &(Mutex<bool>, Condvar)) {
+    let (lock, cv) = pair;
+    if let Ok(mut k) = lock.lock() {
+        *k = true;
+        cv.notify_one();
     }
 }
 
@@ -228,7 +234,7 @@ impl Context {
             dev: ManuallyDrop::new(Mutex::new(dev)),
             epoch,
             stop: AtomicBool::new(false),
-            kick: (Mutex::new(false), Condvar::new()),
+            kick: Arc::new((Mutex::new(false), Condvar::new())),
             spec,
             kind,
             buffers,
@@ -253,6 +259,14 @@ impl Context {
             inner,
             progress: Some(progress),
         })
+    }
+
+    /// A function that wakes the progress thread out of its idle sleep, for a transport
+    /// whose records arrive on another thread (an atomic request waits for the responder's
+    /// next poll otherwise). It holds only the wake-up, not the device.
+    pub fn waker(&self) -> Arc<dyn Fn() + Send + Sync> {
+        let pair = Arc::clone(&self.inner.kick);
+        Arc::new(move || kick(&pair))
     }
 
     /// Starts an emulated card on `link` and opens the driver on it, with no out-of-band

@@ -3,7 +3,8 @@
 //! sends, a lost peer and its replacement, garbage on the port (bad magic, truncated record,
 //! another version, a hello naming another address, 1000 idle connections, an unknown
 //! record kind), bounded send queues, receive-WR-too-short records only to peers that
-//! announce them, and a second instance on the same address in this and in another
+//! announce them, atomic requests and replies (the receiver woken by its notifier; a peer
+//! without ATOMICS answered by the sender's own transport), and a second instance on the same address in this and in another
 //! process. `oob/auth.rs`: spoofed, replayed and unproven hellos, different keys, old
 //! peers and key files.
 
@@ -18,7 +19,8 @@ use std::thread;
 use std::time::Duration;
 
 use bluerdma_core::oob::{
-    Capabilities, Hello, RecvTooShort, HELLO_LEN, HELLO_MAGIC, OOB_PROTOCOL_VERSION, PROOF_LEN,
+    AtomicMessage, AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities, Hello,
+    RecvTooShort, HELLO_LEN, HELLO_MAGIC, OOB_PROTOCOL_VERSION, PROOF_LEN,
 };
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 use bluerdma_linux::oob::{TcpOob, TcpOobConfig, TcpOobError, OOB_PORT};
@@ -414,6 +416,66 @@ fn a_thousand_idle_connections_are_bounded_logged_and_dropped() {
     assert!(!logged(&[&addr.to_string(), "127.0.0.8: no hello within"]).is_empty());
     drop(idle);
     still_works(&mut a, &mut b, 60);
+}
+
+#[test]
+fn atomics_cross_the_channel_wake_the_receiver_and_skip_peers_without_them() {
+    let (mut a, mut b) = pair();
+    let woken = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let w = std::sync::Arc::clone(&woken);
+    b.notifier().set(std::sync::Arc::new(move || {
+        w.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }));
+    let req = AtomicRequest {
+        qpn: 0x12a,
+        dest_qpn: 0x22a,
+        seq: 3,
+        raddr: 0x7f00_0000_1008,
+        rkey: 0x305,
+        op: AtomicOp::CompareSwap {
+            compare: 1,
+            swap: 2,
+        },
+    };
+    assert_eq!(a.send_atomic(IP_B, &AtomicMessage::Request(req)), Ok(()));
+    let got = next_event(&mut b, "the atomic request");
+    let msg = AtomicMessage::Request(req);
+    assert_eq!(got, OobEvent::Atomic { from: IP_A, msg });
+    assert!(
+        woken.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "B's notifier ran"
+    );
+    let reply = AtomicReply {
+        value: 1,
+        ..AtomicReply::refusal(&req, AtomicStatus::Done)
+    };
+    assert_eq!(b.send_atomic(IP_A, &AtomicMessage::Reply(reply)), Ok(()));
+    let msg = AtomicMessage::Reply(reply);
+    assert_eq!(
+        next_event(&mut a, "the reply"),
+        OobEvent::Atomic { from: IP_B, msg }
+    );
+
+    // A peer whose hello lacks ATOMICS never sees the request; A answers for it.
+    let old = Ipv4Addr::new(127, 0, 0, 11);
+    let mut raw = raw_peer_with(&a, old, Capabilities::RECV_WR_RECORDS);
+    assert_eq!(a.send_atomic(old, &AtomicMessage::Request(req)), Ok(()));
+    send(&mut a, old, &record(1));
+    let mut first = [0u8; 32];
+    raw.0.read_exact(&mut first).unwrap();
+    assert_eq!(
+        first,
+        record(1).to_bytes().unwrap(),
+        "the request was withheld"
+    );
+    let refusal = AtomicMessage::Reply(AtomicReply::refusal(&req, AtomicStatus::Unsupported));
+    assert_eq!(
+        next_event(&mut a, "the refusal"),
+        OobEvent::Atomic {
+            from: old,
+            msg: refusal
+        }
+    );
 }
 
 #[test]

@@ -667,6 +667,17 @@ impl Pair {
         self.oob().capacity[to.index()] = records;
     }
 
+    /// Whether `side` announces atomics in its hello (default yes). A request to a side
+    /// that does not is answered by the sender's own channel with status unsupported.
+    pub fn set_oob_atomics(&mut self, side: Side, takes: bool) {
+        self.oob().atomics[side.index()] = takes;
+    }
+
+    /// Loses the next `n` atomic messages (requests or replies) sent to `to`.
+    pub fn drop_oob_atomics(&mut self, to: Side, n: u32) {
+        self.oob().drop_atomics[to.index()] = n;
+    }
+
     /// Cuts the out-of-band channel: records in flight are lost, both engines learn their
     /// peer is gone at their next poll, and sends fail until [`Pair::restore_oob`].
     pub fn cut_oob(&mut self) {

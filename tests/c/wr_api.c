@@ -2,9 +2,9 @@
  * functions of verbs.h (they jump through the stand-in's verbs_context ops and the
  * ibv_qp_ex / ibv_cq_ex function pointers):
  * - ibv_query_device_ex: phys_port_cnt_ex = phys_port_cnt = 1, no ODP, no completion
- *   timestamps, atomic_cap IBV_ATOMIC_NONE;
+ *   timestamps, atomic_cap IBV_ATOMIC_HCA;
  * - what the device lacks is refused at creation with EOPNOTSUPP (a CQ with completion
- *   timestamps, an RC QP with atomics, a UD QP with RDMA WRITE), and ibv_qp_to_qp_ex of a
+ *   timestamps, an RC QP with ATOMIC_WRITE, a UD QP with RDMA WRITE), and ibv_qp_to_qp_ex of a
  *   plain QP is NULL;
  * - one ibv_wr_* batch on an RC QP: WRITE from an SGE list, WRITE_WITH_IMM, SEND of inline
  *   data from a buffer list, SEND_WITH_IMM, READ; the bytes land where they should, the
@@ -13,7 +13,7 @@
  *   receiver's show opcode, byte_len, imm_data and IBV_WC_WITH_IMM;
  * - an extended CQ on a completion channel: ibv_req_notify_cq on ibv_cq_ex_to_cq, then
  *   ibv_get_cq_event gives that CQ; ibv_poll_cq works on it too;
- * - a batch with a mistake (too many SGEs; an atomic on a QP without atomics) posts nothing
+ * - a batch with a mistake (too many SGEs; an atomic on a QP not made for it) posts nothing
  *   and ibv_wr_complete returns the errno; ibv_wr_abort drops a batch;
  * - a UD QP made with ibv_create_qp_ex: ibv_wr_send_imm with ibv_wr_set_ud_addr and inline
  *   data reaches the other side (IBV_WC_GRH, src_qp, imm_data). */
@@ -171,13 +171,13 @@ static void device_ex(struct end *e)
     CHECK(ax.odp_caps.general_caps == 0 && ax.completion_timestamp_mask == 0 &&
               ax.tso_caps.max_tso == 0 && ax.max_dm_size == 0,
           "extended caps the device lacks are not zero");
-    CHECK(ax.orig_attr.atomic_cap == IBV_ATOMIC_NONE, "atomic_cap %d", ax.orig_attr.atomic_cap);
+    CHECK(ax.orig_attr.atomic_cap == IBV_ATOMIC_HCA, "atomic_cap %d", ax.orig_attr.atomic_cap);
     CHECK(ax.device_cap_flags_ex == ax.orig_attr.device_cap_flags,
           "device_cap_flags_ex %#llx, device_cap_flags %#x",
           (unsigned long long)ax.device_cap_flags_ex, ax.orig_attr.device_cap_flags);
     struct ibv_query_device_ex_input in = {.comp_mask = 1};
     CHECK(ibv_query_device_ex(e->ctx, &in, &ax) == EINVAL, "an input comp_mask is refused");
-    ok("ibv_query_device_ex(%s): 1 port, no ODP, no timestamps, no atomics", e->name);
+    ok("ibv_query_device_ex(%s): 1 port, no ODP, no timestamps, atomics HCA", e->name);
 }
 
 static void refusals(struct end *e)
@@ -190,14 +190,14 @@ static void refusals(struct end *e)
     struct ibv_cq_ex *cq = new_cq_ex(e, NULL);
     errno = 0;
     struct ibv_qp *qp = new_qp_ex(e, cq, IBV_QPT_RC,
-                                  IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD);
-    expect_errno(qp ? 0 : -1, EOPNOTSUPP, "ibv_create_qp_ex(RC) with ATOMIC_FETCH_AND_ADD");
+                                  IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_WRITE);
+    expect_errno(qp ? 0 : -1, EOPNOTSUPP, "ibv_create_qp_ex(RC) with ATOMIC_WRITE");
     errno = 0;
     qp = new_qp_ex(e, cq, IBV_QPT_UD, IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE);
     expect_errno(qp ? 0 : -1, EOPNOTSUPP, "ibv_create_qp_ex(UD) with RDMA_WRITE");
     CHECK(ibv_qp_to_qp_ex(e->qp) == NULL, "ibv_qp_to_qp_ex of an ibv_create_qp QP is not NULL");
     check_rc(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), "ibv_destroy_cq(extended)");
-    ok("refused at creation: timestamps, atomics, WRITE on UD; plain QPs have no ibv_qp_ex");
+    ok("refused at creation: timestamps, ATOMIC_WRITE, WRITE on UD; plain QPs have no ibv_qp_ex");
 }
 
 static void post_recv(struct xend *x, uint64_t wr_id, size_t off, uint32_t len)
@@ -340,7 +340,8 @@ static void mistakes(struct xend *a, struct xend *b)
     ibv_wr_atomic_fetch_add(q, b->mr->rkey, (uintptr_t)b->buf, 1);
     ibv_wr_set_sge(q, a->mr->lkey, (uintptr_t)a->buf, 8);
     rc = ibv_wr_complete(q);
-    CHECK(rc == EOPNOTSUPP, "ibv_wr_complete after an atomic returned %d", rc);
+    CHECK(rc == EOPNOTSUPP, "ibv_wr_complete after an atomic the QP was not made for returned %d",
+          rc);
 
     ibv_wr_start(q);
     q->wr_id = 0xE4;

@@ -32,6 +32,7 @@ const PROGRAMS: &[&str] = &[
     "peer_death",
     "capacities",
     "wr_api",
+    "atomics",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the

@@ -6,7 +6,8 @@
 //!    is missing.
 //! 3. Runs `ibv_devices`, `ibv_devinfo`, `ibv_rc_pingpong` (polling, `-e` and `-N`),
 //!    `ibv_srq_pingpong -q 64`, `ibv_ud_pingpong -s 2048`, `ib_write_bw` (and `-t 4096`),
-//!    `ib_read_bw`, `ib_send_bw` and `ib_write_lat` with `LD_LIBRARY_PATH` pointing there;
+//!    `ib_read_bw`, `ib_send_bw`, `ib_write_lat`, `ib_atomic_bw` and `ib_atomic_lat` (8-byte
+//!    fetch-and-add: no `-s`) with `LD_LIBRARY_PATH` pointing there;
 //!    every pair is a server on the first device and a client on the second, with its own
 //!    TCP exchange port, and the client starts once the server listens on it. Each command
 //!    has a hard timeout (both ends are killed), and every exit code is checked.
@@ -640,6 +641,11 @@ enum Check {
     Bw,
     /// `ib_*_lat`: t_typical and t_avg.
     Lat,
+    /// `ib_atomic_lat`: the client measures (t_typical and t_avg); its server is passive
+    /// and prints no result table, so for it the exit code is all.
+    ClientLat,
+    /// Nothing to read (the passive server of [`Check::ClientLat`]).
+    Passive,
 }
 
 /// One command of the run, as it ended.
@@ -699,6 +705,12 @@ fn pairs(opts: &Opts) -> Vec<Pair> {
             check,
         }
     };
+    let atomic = |tool: &'static str, check: Check| Pair {
+        tool,
+        tag: "",
+        args: vec!["-n".into(), n.to_string()],
+        check,
+    };
     let bw = opts.bw_size();
     vec![
         pingpong("ibv_rc_pingpong", ""),
@@ -715,6 +727,10 @@ fn pairs(opts: &Opts) -> Vec<Pair> {
         perf("ib_read_bw", "", bw, Check::Bw),
         perf("ib_send_bw", "", bw, Check::Bw),
         perf("ib_write_lat", "", LAT_SIZE, Check::Lat),
+        // Fetch-and-add, executed by the responder's driver over the out-of-band channel
+        // (issue J2 item 2; ib_atomic_lat reports a whole round trip, not half).
+        atomic("ib_atomic_bw", Check::Bw),
+        atomic("ib_atomic_lat", Check::ClientLat),
     ]
 }
 
@@ -986,6 +1002,11 @@ fn finish(
     command: String,
 ) -> ToolRun {
     let out = read_log(&log);
+    let check = match (check, role) {
+        (Check::ClientLat, "server") => Check::Passive,
+        (Check::ClientLat, _) => Check::Lat,
+        (c, _) => c,
+    };
     let (figure, value, problem) = examine(check, &out, devices);
     let exit = p.exit.unwrap_or(Exit::Timeout);
     ToolRun {
@@ -1072,6 +1093,7 @@ fn examine(check: Check, out: &str, devices: usize) -> (String, Option<f64>, Opt
                 _ => ("-".into(), None, Some("no result table".into())),
             }
         }
+        Check::Passive | Check::ClientLat => ("passive side".into(), None, None),
         Check::Lat => {
             let t = perftest_table(out);
             match (column(&t, "t_typical"), column(&t, "t_avg")) {
@@ -1315,6 +1337,13 @@ impl Report {
                 "ib_write_lat / TCP ping-pong: {:.2} ({lat:.2} / {:.2} usec, t_typical / half RTT)",
                 lat / b.pingpong_us,
                 b.pingpong_us
+            ));
+        }
+        if let Some(lat) = self.figure("ib_atomic_lat") {
+            lines.push(format!(
+                "ib_atomic_lat / TCP ping-pong: {:.2} ({lat:.2} / {:.2} usec, t_typical / whole RTT)",
+                lat / (2.0 * b.pingpong_us),
+                2.0 * b.pingpong_us
             ));
         }
         lines

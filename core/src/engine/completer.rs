@@ -23,10 +23,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         let mut read_waiting = false;
         self.sq(i).for_each_sent(|w| {
-            if w.state == WqeState::Sent && !psn.is_before(w.end_psn()) {
+            if w.state == WqeState::Sent && !psn.is_before(w.end_psn()) && !w.is_atomic() {
                 w.state = WqeState::Acked;
             }
-            read_waiting |= w.read_pending();
+            read_waiting |= w.awaits_response();
         });
         // A READ whose request was acknowledged still waits for its response: keep the
         // timer, which resends the request if the response never comes.
@@ -131,6 +131,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.timers(i).set(Timer::Retransmit, None);
                 return;
             }
+            if let Some(status) = sq.get(0).and_then(Wqe::atomic_failure) {
+                return self.fail_qp(i, status);
+            }
             if !sq.get(0).is_some_and(Wqe::is_done) {
                 return;
             }
@@ -191,7 +194,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 break;
             };
             let read_waiting = reads_too && w.read_pending();
-            if w.state != WqeState::Sent && !read_waiting {
+            if w.state != WqeState::Sent && !read_waiting || w.is_atomic() {
                 continue;
             }
             // Only what was sent: the window may have stopped the newest request early.
@@ -267,6 +270,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         let acked = self.qp(i).req.acked_psn();
         self.resend(i, acked, now, true);
+        self.resend_atomics(i);
     }
 
     /// The head WQE completes with `status`, the QP goes to ERR and the rest is flushed.
@@ -291,6 +295,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         while self.retire_head(i, WcStatus::WrFlushErr).is_some() {}
         while self.fail_recv(i, WcStatus::WrFlushErr) {}
         self.sq(i).forget_sent();
+        self.qp(i).atomics.flushed();
         self.timers(i).set(Timer::Retransmit, None);
         self.qp(i).rq.forget_unannounced();
     }

@@ -181,4 +181,16 @@ pub struct EngineStats {
     /// Messages that consume a receive WR (SEND, WRITE_WITH_IMM) that found none posted, or
     /// reached a QP in ERR: no completion.
     pub recvs_missing: u64,
+    /// Atomic requests sent to peers (first time).
+    pub atomics_sent: u64,
+    /// Atomic requests sent again after a timeout.
+    pub atomics_resent: u64,
+    /// Atomic requests of peers executed here (or refused with an error reply).
+    pub atomics_executed: u64,
+    /// Resent atomic requests of peers answered from the kept reply (not executed again).
+    pub atomic_duplicates: u64,
+    /// Atomic requests of peers dropped: no connected QP, early, or resent too late.
+    pub atomics_dropped: u64,
+    /// Atomic replies that found no atomic waiting (a second reply to a resent request).
+    pub atomic_replies_stale: u64,
 }

@@ -27,7 +27,10 @@
 //! - `raw`: the simple NIC's raw frames
 //! - `retire`: what the send ring may still name (an MR is invalidated in the card, a QP
 //!   destroyed, only once the card has fetched the descriptors posted before)
+//! - `atomic`: fetch-and-add and compare-and-swap, executed by the responder's driver and
+//!   carried over the out-of-band channel (the card has no atomic engine)
 
+mod atomic;
 mod card_reset;
 mod command;
 mod completer;
@@ -57,6 +60,7 @@ use crate::regs::{RingId, DECODED_CHANNELS};
 use crate::ring::{ConsumerRing, ProducerRing, RingMemory, RingRegs};
 use crate::time::Instant;
 
+pub use atomic::{ATOMIC_RESULTS, ATOMIC_WINDOW};
 pub use command::{op_name, CommandQueue, Ticket};
 pub use config::{
     DeviceConfig, DmaNeed, EngineStats, CHUNK_BYTES, OPEN_BUFFERS, RAW_FRAME_MAX, SEND_WINDOW_CAP,

@@ -14,6 +14,7 @@ use crate::qp::{check_modify, QpAccessFlags, QpAttr, QpAttrMask, QpState, QpType
 use crate::time::{Instant, Nanos};
 use crate::transport::Psn;
 
+use super::atomic::Atomics;
 use super::command::Ticket;
 use super::error::VerbsError;
 use super::recv::RecvQueue;
@@ -188,6 +189,8 @@ pub struct QpSlot {
     pub(super) resp: Responder,
     /// Receive WRs posted here and announced by the peer.
     pub(super) rq: RecvQueue,
+    /// Atomics: sequence numbers both ways, the responder's last replies.
+    pub(super) atomics: Atomics,
 }
 
 impl QpSlot {

@@ -195,6 +195,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             match ev {
                 OobEvent::RecvWr { from, wr } => self.on_remote_recv(from, wr, now),
                 OobEvent::RecvTooShort { from, rec } => self.on_recv_too_short(from, rec),
+                OobEvent::Atomic { from, msg } => self.on_atomic(from, msg, now),
                 OobEvent::PeerLost { peer } => self.on_peer_lost(peer),
             }
         }
@@ -240,6 +241,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let waiting = (sq.sent()..sq.len())
                 .filter_map(|k| sq.get(k))
                 .any(|w| w.needs_recv() && w.state == WqeState::Pending);
+            // An atomic's reply can only come over the channel.
+            let waiting = waiting || self.qp(i).atomics.in_flight() > 0;
             let receiving = self.qp(i).rq.posted() > 0;
             self.stats.peers_lost += 1;
             self.qp(i).rq.oob_lost = true;
@@ -260,7 +263,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The connected QP (RTR or later) whose peer is QP `peer_qpn` at `from`: where the
     /// out-of-band records of that peer QP go.
-    fn peer_qp(&mut self, from: Ipv4Addr, peer_qpn: u32) -> Option<QpIndex> {
+    pub(super) fn peer_qp(&mut self, from: Ipv4Addr, peer_qpn: u32) -> Option<QpIndex> {
         self.storage
             .slices()
             .qps

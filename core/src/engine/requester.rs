@@ -319,6 +319,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if self.sq(i).is_full_for_app() {
             return Err(VerbsError::SendQueueFull);
         }
+        if let SendOp::Atomic(_) = wr.op {
+            self.check_atomic(pd, wr)?;
+            return Ok(Wqe::request(wr, false));
+        }
         let is_send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_));
         if is_send && self.oob.is_none() {
             return Err(VerbsError::Unsupported {
@@ -428,8 +432,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if !may_send {
             return false;
         }
-        // Step 2: a SEND takes the peer's receive WR; PSNs and MSN at first transmission.
+        // Step 2: atomics keep their order with the rest (`atomic`), and go over the
+        // out-of-band channel; a SEND takes the peer's receive WR; PSNs and MSN at first
+        // transmission.
         let first = w.state == WqeState::Pending;
+        if first && !self.atomics_allow(i, &w) {
+            return false;
+        }
+        if w.is_atomic() {
+            return self.send_atomic_wqe(i, k, w, timeout);
+        }
         if first && w.needs_recv() && !self.match_remote_recv(i, &mut w, now) {
             return false;
         }

@@ -9,6 +9,7 @@ use crate::keys::{MrKey, Qpn};
 use crate::mtu::Pmtu;
 use crate::transport::{num_packets, Psn, WrSpan};
 
+use super::atomic::AtomicWqe;
 use super::config::CHUNK_BYTES;
 use super::wr::{SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
@@ -42,6 +43,9 @@ pub(crate) enum RequestOp {
     /// zero-length WRITE (acknowledged like any other; IB checks no R_Key for either) and
     /// completes as a READ of 0 bytes, in posting order.
     EmptyRead,
+    /// An atomic: executed by the responder's driver, never posted to the card
+    /// (`engine::atomic`).
+    Atomic(AtomicWqe),
 }
 
 /// What the application asked for.
@@ -111,6 +115,7 @@ impl Wqe {
             SendOp::Read => RequestOp::Read { done: false },
             SendOp::Send => RequestOp::Send(None),
             SendOp::SendWithImm(imm) => RequestOp::Send(Some(imm)),
+            SendOp::Atomic(op) => RequestOp::Atomic(AtomicWqe::new(op)),
         };
         Wqe {
             kind: WqeKind::Request(Request {
@@ -150,6 +155,7 @@ impl Wqe {
                 RequestOp::Read { .. } => WorkReqOpcode::Read,
                 RequestOp::Send(None) => WorkReqOpcode::Send,
                 RequestOp::Send(Some(_)) => WorkReqOpcode::SendWithImm,
+                RequestOp::Atomic(a) => a.card_opcode(),
             },
             WqeKind::ReadResponse(_) => WorkReqOpcode::ReadResp,
             WqeKind::Free => WorkReqOpcode::Write,
@@ -363,6 +369,7 @@ impl Wqe {
             RequestOp::Read { .. } | RequestOp::EmptyRead => WcOpcode::RdmaRead,
             RequestOp::Send(_) => WcOpcode::Send,
             RequestOp::Write | RequestOp::WriteImm(_) => WcOpcode::RdmaWrite,
+            RequestOp::Atomic(a) => a.wc_opcode(),
         };
         Some(WorkCompletion {
             wr_id: r.wr_id,

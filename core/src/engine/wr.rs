@@ -3,6 +3,7 @@
 
 use crate::addr::VirtAddr;
 use crate::keys::MrKey;
+use crate::oob::AtomicOp;
 
 /// Work-completion status (the `ibv_wc_status` values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,8 +13,13 @@ pub enum WcStatus {
     Success = 0,
     /// A receive buffer was too small for the SEND.
     LocLenErr = 1,
-    /// The responder's receive buffer is too small for the SEND.
+    /// The responder's receive buffer is too small for the SEND, or the responder refused
+    /// an atomic as invalid (misaligned, or it takes no atomics).
     RemInvReqErr = 9,
+    /// The responder refused an atomic: rkey, bounds or REMOTE_ATOMIC access.
+    RemAccessErr = 10,
+    /// The responder could not execute an atomic on its memory.
+    RemOpErr = 11,
     /// A local key or address was invalid.
     LocProtErr = 4,
     /// The QP went to the error state before this request completed.
@@ -34,6 +40,10 @@ pub enum WcOpcode {
     RdmaWrite = 1,
     /// An RDMA READ completed.
     RdmaRead = 2,
+    /// An atomic compare-and-swap completed.
+    CompSwap = 3,
+    /// An atomic fetch-and-add completed.
+    FetchAdd = 4,
     /// A receive completed (a SEND arrived).
     Recv = 128,
     /// An RDMA WRITE_WITH_IMM arrived.
@@ -52,7 +62,7 @@ pub struct WorkCompletion {
     pub status: WcStatus,
     /// What completed.
     pub opcode: WcOpcode,
-    /// Bytes transferred (receives and READs).
+    /// Bytes transferred (receives, READs, 8 for an atomic).
     pub byte_len: u32,
     /// Immediate data (with [`WC_WITH_IMM`]).
     pub imm_data: u32,
@@ -97,6 +107,10 @@ pub enum SendOp {
     Send,
     /// SEND with immediate data (issue D).
     SendWithImm(u32),
+    /// An atomic on the 8 bytes at the remote address (8-byte aligned); the original value
+    /// is written to the local buffer, whose length must be 8 and whose MR needs
+    /// LOCAL_WRITE. Executed by the responder's driver (`engine::atomic`).
+    Atomic(AtomicOp),
 }
 
 /// A send work request (one SGE: the card takes one buffer per request).
@@ -112,9 +126,9 @@ pub struct SendWr {
     pub len: u32,
     /// Local key of the buffer's MR.
     pub lkey: MrKey,
-    /// Remote address (WRITE, READ).
+    /// Remote address (WRITE, READ, atomics).
     pub raddr: VirtAddr,
-    /// Remote key (WRITE, READ).
+    /// Remote key (WRITE, READ, atomics).
     pub rkey: MrKey,
     /// Generate a completion on success.
     pub signaled: bool,

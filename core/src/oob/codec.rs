@@ -37,6 +37,11 @@
 //! Both kinds name the sender's own QPN, so the receiver dispatches both the same way: to
 //! its QP whose peer QPN is that QPN and whose peer IP is the connection's source.
 //!
+//! **Atomic request, operands and reply** (kinds 2, 3 and 4, designed here; sent only to a
+//! peer whose hello announces [`Capabilities::ATOMICS`]): the layouts are in `atomic.rs`
+//! ([`AtomicRequest`], [`AtomicReply`]). A request is two records back to back (kind 2 then
+//! kind 3), so [`Record::to_bytes`] gives 32 or 64 bytes ([`EncodedRecord`]).
+//!
 //! **Hello** (32 bytes in version 2, designed here; the reference has none):
 //!
 //! | Bytes | Field |
@@ -65,6 +70,8 @@ use core::net::Ipv4Addr;
 
 use bitflags::bitflags;
 
+use super::atomic::{AtomicReply, AtomicRequest, ATOMIC_REQUEST_LEN};
+
 /// Length of a record (every kind).
 pub const RECV_WR_LEN: usize = 32;
 /// Length of the hello.
@@ -91,6 +98,10 @@ pub enum OobMessageKind {
     RecvWr,
     /// A receive-WR-too-short record.
     RecvTooShort,
+    /// An atomic request (its two records).
+    AtomicRequest,
+    /// An atomic reply.
+    AtomicReply,
 }
 
 impl fmt::Display for OobMessageKind {
@@ -100,6 +111,8 @@ impl fmt::Display for OobMessageKind {
             OobMessageKind::Proof => "proof",
             OobMessageKind::RecvWr => "receive-WR record",
             OobMessageKind::RecvTooShort => "receive-WR-too-short record",
+            OobMessageKind::AtomicRequest => "atomic request",
+            OobMessageKind::AtomicReply => "atomic reply",
         })
     }
 }
@@ -148,6 +161,11 @@ pub enum OobError {
         /// The kind found.
         kind: u32,
     },
+    /// The two records of an atomic request do not belong together.
+    AtomicPair {
+        /// What is wrong.
+        what: &'static str,
+    },
 }
 
 impl fmt::Display for OobError {
@@ -184,8 +202,10 @@ impl fmt::Display for OobError {
             OobError::UnknownRecordKind { kind } => write!(
                 f,
                 "OOB record of unknown kind {kind:#x} (bytes 28..32); this driver knows 0 \
-                 (receive WR) and 1 (receive WR too short)"
+                 (receive WR), 1 (receive WR too short), 2 and 3 (atomic request and its \
+                 operands) and 4 (atomic reply)"
             ),
+            OobError::AtomicPair { what } => write!(f, "OOB atomic request: {what}"),
         }
     }
 }
@@ -201,14 +221,20 @@ bitflags! {
         /// one of its receive WRs was too short for a SEND. A peer without this bit is
         /// never sent one.
         const LENGTH_ERRORS = 1 << 1;
-        // Bits 2..31 are reserved for later capabilities; a peer that does not know a bit
+        /// The sender executes atomic requests (kinds 2 and 3) and sends atomic replies
+        /// (kind 4). A peer without this bit is never sent a request: the transport
+        /// answers it with [`AtomicStatus::Unsupported`](super::AtomicStatus::Unsupported).
+        const ATOMICS = 1 << 2;
+        // Bits 3..31 are reserved for later capabilities; a peer that does not know a bit
         // ignores it.
     }
 }
 
 impl Capabilities {
     /// What this driver supports.
-    pub const OURS: Capabilities = Capabilities::RECV_WR_RECORDS.union(Capabilities::LENGTH_ERRORS);
+    pub const OURS: Capabilities = Capabilities::RECV_WR_RECORDS
+        .union(Capabilities::LENGTH_ERRORS)
+        .union(Capabilities::ATOMICS);
 }
 
 /// The first message on a connection.
@@ -404,6 +430,30 @@ pub enum RecordKind {
     RecvWr = 0,
     /// A receive-WR-too-short record.
     RecvTooShort = 1,
+    /// An atomic request (followed by its operands).
+    AtomicRequest = 2,
+    /// The operands of the atomic request before it.
+    AtomicOperands = 3,
+    /// An atomic reply.
+    AtomicReply = 4,
+}
+
+impl RecordKind {
+    /// The kind in bytes 28..32 of a record's first 32 bytes (`None`: fewer bytes).
+    pub fn of(record: &[u8]) -> Option<u32> {
+        let k = record.get(28..RECV_WR_LEN)?;
+        Some(u32::from_be_bytes([k[0], k[1], k[2], k[3]]))
+    }
+
+    /// How many bytes the record whose first 32 bytes are `head` takes: 64 for an atomic
+    /// request (it brings its operands), else 32.
+    pub fn record_len(head: &[u8]) -> usize {
+        if Self::of(head) == Some(RecordKind::AtomicRequest as u32) {
+            ATOMIC_REQUEST_LEN
+        } else {
+            RECV_WR_LEN
+        }
+    }
 }
 
 /// A record of any known kind.
@@ -413,28 +463,70 @@ pub enum Record {
     RecvWr(RecvWr),
     /// A receive WR that was too short for a SEND.
     RecvTooShort(RecvTooShort),
+    /// An atomic request (two records on the wire).
+    AtomicRequest(AtomicRequest),
+    /// An atomic reply.
+    AtomicReply(AtomicReply),
+}
+
+/// The bytes of an encoded [`Record`]: 32, or 64 for an atomic request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodedRecord {
+    bytes: [u8; ATOMIC_REQUEST_LEN],
+    len: usize,
+}
+
+impl EncodedRecord {
+    fn new(head: &[u8]) -> Self {
+        let mut bytes = [0u8; ATOMIC_REQUEST_LEN];
+        let len = head.len().min(ATOMIC_REQUEST_LEN);
+        bytes[..len].copy_from_slice(&head[..len]);
+        EncodedRecord { bytes, len }
+    }
+}
+
+impl core::ops::Deref for EncodedRecord {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes.get(..self.len).unwrap_or(&[])
+    }
 }
 
 impl Record {
-    /// The 32-byte record. Fails if the QPN is wider than 24 bits.
-    pub fn to_bytes(&self) -> Result<[u8; RECV_WR_LEN], OobError> {
-        match self {
-            Record::RecvWr(wr) => wr.to_bytes(),
-            Record::RecvTooShort(r) => r.to_bytes(),
-        }
+    /// The record's bytes (32, or 64 for an atomic request). Fails if a QPN is wider than
+    /// 24 bits.
+    pub fn to_bytes(&self) -> Result<EncodedRecord, OobError> {
+        Ok(match self {
+            Record::RecvWr(wr) => EncodedRecord::new(&wr.to_bytes()?),
+            Record::RecvTooShort(r) => EncodedRecord::new(&r.to_bytes()?),
+            Record::AtomicRequest(r) => EncodedRecord::new(&r.to_bytes()?),
+            Record::AtomicReply(r) => EncodedRecord::new(&r.to_bytes()?),
+        })
     }
 
     /// Decodes a record of any known kind from the front of `bytes`; returns it and the
-    /// bytes after it. An unknown kind is [`OobError::UnknownRecordKind`].
+    /// bytes after it. An unknown kind is [`OobError::UnknownRecordKind`]; operands
+    /// (kind 3) without their request are [`OobError::AtomicPair`].
     pub fn parse(bytes: &[u8]) -> Result<(Self, &[u8]), OobError> {
         let (msg, _) = split::<RECV_WR_LEN>(bytes, OobMessageKind::RecvWr)?;
-        let [.., k0, k1, k2, k3] = msg;
         const RECV_WR: u32 = RecordKind::RecvWr as u32;
         const RECV_TOO_SHORT: u32 = RecordKind::RecvTooShort as u32;
-        match u32::from_be_bytes([k0, k1, k2, k3]) {
+        const ATOMIC_REQUEST: u32 = RecordKind::AtomicRequest as u32;
+        const ATOMIC_OPERANDS: u32 = RecordKind::AtomicOperands as u32;
+        const ATOMIC_REPLY: u32 = RecordKind::AtomicReply as u32;
+        match RecordKind::of(&msg).unwrap_or(0) {
             RECV_WR => RecvWr::parse(bytes).map(|(wr, rest)| (Record::RecvWr(wr), rest)),
             RECV_TOO_SHORT => {
                 RecvTooShort::parse(bytes).map(|(r, rest)| (Record::RecvTooShort(r), rest))
+            }
+            ATOMIC_REQUEST => {
+                AtomicRequest::parse(bytes).map(|(r, rest)| (Record::AtomicRequest(r), rest))
+            }
+            ATOMIC_OPERANDS => Err(OobError::AtomicPair {
+                what: "operands (kind 3) without their atomic request (kind 2) before them",
+            }),
+            ATOMIC_REPLY => {
+                AtomicReply::parse(bytes).map(|(r, rest)| (Record::AtomicReply(r), rest))
             }
             kind => Err(OobError::UnknownRecordKind { kind }),
         }
@@ -442,14 +534,14 @@ impl Record {
 }
 
 /// A record's bytes with its kind and QPN checked.
-struct Fields<'a> {
+pub(super) struct Fields<'a> {
     msg: &'a [u8; RECV_WR_LEN],
-    qpn: u32,
+    pub(super) qpn: u32,
 }
 
 impl<'a> Fields<'a> {
     /// Checks that bytes 28..32 are `kind` and the QPN fits 24 bits.
-    fn check(
+    pub(super) fn check(
         msg: &'a [u8; RECV_WR_LEN],
         message: OobMessageKind,
         kind: u32,
@@ -475,18 +567,18 @@ impl<'a> Fields<'a> {
         Ok(f)
     }
 
-    fn be32(&self, at: usize) -> u32 {
+    pub(super) fn be32(&self, at: usize) -> u32 {
         let b = |k: usize| self.msg.get(at + k).copied().unwrap_or(0);
         u32::from_be_bytes([b(0), b(1), b(2), b(3)])
     }
 
-    fn be64(&self, at: usize) -> u64 {
+    pub(super) fn be64(&self, at: usize) -> u64 {
         (self.be32(at) as u64) << 32 | self.be32(at + 4) as u64
     }
 }
 
 /// A record: wr_id, then three fields (8, 4 and 4 bytes at 8..24), the QPN and the kind.
-fn encode(
+pub(super) fn encode(
     wr_id: u64,
     fields: [u64; 3],
     qpn: u32,
@@ -512,7 +604,7 @@ fn encode(
 }
 
 /// The first `N` bytes of `bytes` as an array, and the rest.
-fn split<const N: usize>(
+pub(super) fn split<const N: usize>(
     bytes: &[u8],
     message: OobMessageKind,
 ) -> Result<([u8; N], &[u8]), OobError> {
@@ -527,195 +619,5 @@ fn split<const N: usize>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_fields_in_place() {
-        let wr = RecvWr {
-            wr_id: 0x0102_0304_0506_0708,
-            addr: 0x0000_7F12_3460_0040,
-            length: 0x0001_0000,
-            lkey: 0x001F_FEA6,
-            qpn: 0x0123AB,
-        };
-        let bytes = wr.to_bytes().unwrap();
-        assert_eq!(bytes[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(bytes[24..], [0, 0x01, 0x23, 0xAB, 0, 0, 0, 0]);
-        assert_eq!(RecvWr::parse(&bytes), Ok((wr, &[][..])));
-    }
-
-    #[test]
-    fn record_refuses_garbage() {
-        let mut bytes = RecvWr::default().to_bytes().unwrap();
-        bytes[31] = 1;
-        assert_eq!(
-            RecvWr::parse(&bytes),
-            Err(OobError::ReservedNotZero {
-                message: OobMessageKind::RecvWr,
-                offset: 28,
-                value: 1
-            })
-        );
-        bytes[31] = 0;
-        bytes[24] = 0x80;
-        assert_eq!(
-            RecvWr::parse(&bytes),
-            Err(OobError::QpnOutOfRange { qpn: 0x8000_0000 })
-        );
-        assert_eq!(
-            RecvWr::parse(&bytes[..31]),
-            Err(OobError::Truncated {
-                message: OobMessageKind::RecvWr,
-                needed: 32,
-                available: 31
-            })
-        );
-    }
-
-    #[test]
-    fn too_short_record_fields_in_place_and_dispatch_by_kind() {
-        let rec = RecvTooShort {
-            wr_id: 0x0102_0304_0506_0708,
-            send_len: 0x0000_0065,
-            qpn: 0x0123AB,
-        };
-        let bytes = rec.to_bytes().unwrap();
-        assert_eq!(bytes[..8], [1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(bytes[8..16], [0; 8]);
-        assert_eq!(bytes[16..24], [0, 0, 0, 0x65, 0, 0, 0, 0]);
-        assert_eq!(bytes[24..], [0, 0x01, 0x23, 0xAB, 0, 0, 0, 1]);
-        assert_eq!(RecvTooShort::parse(&bytes), Ok((rec, &[][..])));
-        assert_eq!(
-            Record::parse(&bytes),
-            Ok((Record::RecvTooShort(rec), &[][..]))
-        );
-        let wr = RecvWr::default();
-        let wr_bytes = Record::RecvWr(wr).to_bytes().unwrap();
-        assert_eq!(Record::parse(&wr_bytes), Ok((Record::RecvWr(wr), &[][..])));
-        // The receive-WR parser still sees the kind as its zero field.
-        assert!(matches!(
-            RecvWr::parse(&bytes),
-            Err(OobError::ReservedNotZero { offset: 28, .. })
-        ));
-    }
-
-    #[test]
-    fn too_short_record_refuses_garbage() {
-        let good = RecvTooShort::default().to_bytes().unwrap();
-        for at in [8, 15, 20, 23] {
-            let mut bytes = good;
-            bytes[at] = 0x40;
-            assert!(
-                matches!(
-                    Record::parse(&bytes),
-                    Err(OobError::ReservedNotZero {
-                        message: OobMessageKind::RecvTooShort,
-                        ..
-                    })
-                ),
-                "byte {at}"
-            );
-        }
-        let mut bytes = good;
-        bytes[24] = 1;
-        assert_eq!(
-            Record::parse(&bytes),
-            Err(OobError::QpnOutOfRange { qpn: 0x0100_0000 })
-        );
-        let mut bytes = good;
-        bytes[28] = 0x80;
-        let err = Record::parse(&bytes).unwrap_err();
-        assert_eq!(err, OobError::UnknownRecordKind { kind: 0x8000_0001 });
-        extern crate std;
-        use std::string::ToString;
-        assert!(err
-            .to_string()
-            .starts_with("OOB record of unknown kind 0x80000001"));
-        assert!(matches!(
-            Record::parse(&good[..31]),
-            Err(OobError::Truncated { needed: 32, .. })
-        ));
-    }
-
-    #[test]
-    fn records_refuse_to_encode_a_wide_qpn() {
-        let qpn = 0x0100_0000;
-        let wide = [
-            Record::RecvWr(RecvWr {
-                qpn,
-                ..RecvWr::default()
-            }),
-            Record::RecvTooShort(RecvTooShort {
-                qpn,
-                ..RecvTooShort::default()
-            }),
-        ];
-        for r in wide {
-            assert_eq!(r.to_bytes(), Err(OobError::QpnOutOfRange { qpn }), "{r:?}");
-        }
-    }
-
-    #[test]
-    fn hello_checks_magic_then_version_and_keeps_unknown_capabilities() {
-        let hello = Hello {
-            capabilities: Capabilities::from_bits_retain(0x8000_0001),
-            device_ip: Ipv4Addr::new(17, 34, 51, 10),
-            nonce: *b"0123456789abcdef",
-        };
-        let bytes = hello.to_bytes();
-        assert_eq!(Hello::parse(&bytes), Ok((hello, &[][..])));
-
-        assert_eq!(
-            Hello::parse(b"GET / HTTP/1.1\r\n"),
-            Err(OobError::BadMagic { found: *b"GET " })
-        );
-        assert_eq!(
-            Hello::parse(b"X"),
-            Err(OobError::BadMagic {
-                found: [b'X', 0, 0, 0]
-            })
-        );
-        assert!(matches!(
-            Hello::parse(b"BRD"),
-            Err(OobError::Truncated {
-                needed: 32,
-                available: 3,
-                ..
-            })
-        ));
-        assert_eq!(bytes[16..], *b"0123456789abcdef");
-        // A version-1 hello (16 bytes, no nonce) is named by its version, not as short.
-        let mut v1 = bytes;
-        v1[5] = 1;
-        let err = Hello::parse(&v1[..16]).unwrap_err();
-        assert_eq!(err, OobError::UnsupportedVersion { theirs: 1, ours: 2 });
-        extern crate std;
-        use std::string::ToString;
-        assert_eq!(
-            err.to_string(),
-            "peer speaks OOB protocol version 1, this driver speaks version 2"
-        );
-        let mut reserved = bytes;
-        reserved[7] = 1;
-        assert!(matches!(
-            Hello::parse(&reserved[..8]),
-            Err(OobError::ReservedNotZero { offset: 6, .. })
-        ));
-    }
-
-    #[test]
-    fn proof_is_32_opaque_bytes() {
-        let bytes = [7u8; 40];
-        assert_eq!(Proof::parse(&bytes), Ok((Proof([7; 32]), &bytes[32..])));
-        assert_eq!(Proof([7; 32]).to_bytes(), [7; 32]);
-        assert_eq!(
-            Proof::parse(&bytes[..31]),
-            Err(OobError::Truncated {
-                message: OobMessageKind::Proof,
-                needed: 32,
-                available: 31
-            })
-        );
-    }
-}
+#[path = "codec_tests.rs"]
+mod tests;

@@ -1,7 +1,8 @@
 //! A streaming decoder for the out-of-band TCP byte stream (oob-channel.md): the hello,
 //! the proof, then records of any known kind, split across reads in any way.
 //!
-//! It owns a fixed 32-byte buffer (the longest message) and never allocates. Feed it every
+//! It owns a fixed 64-byte buffer (the longest message: an atomic request's two records)
+//! and never allocates. Feed it every
 //! chunk a read returns:
 //!
 //! ```
@@ -20,9 +21,10 @@
 //! must be closed. A bad magic is reported as soon as the first differing byte arrives,
 //! another version as soon as the version's two bytes have.
 
+use super::atomic::{AtomicReply, AtomicRequest, ATOMIC_REQUEST_LEN};
 use super::codec::{
-    Hello, OobError, OobMessageKind, Proof, Record, RecvTooShort, RecvWr, HELLO_LEN, PROOF_LEN,
-    RECV_WR_LEN,
+    Hello, OobError, OobMessageKind, Proof, Record, RecordKind, RecvTooShort, RecvWr, HELLO_LEN,
+    PROOF_LEN, RECV_WR_LEN,
 };
 
 /// A decoded message.
@@ -36,12 +38,16 @@ pub enum OobMessage {
     RecvWr(RecvWr),
     /// A receive WR of ours was too short for the peer's SEND.
     RecvTooShort(RecvTooShort),
+    /// The peer asks us to execute an atomic.
+    AtomicRequest(AtomicRequest),
+    /// The peer answers one of our atomics.
+    AtomicReply(AtomicReply),
 }
 
 /// Incremental decoder of one connection's byte stream.
 #[derive(Clone, Debug)]
 pub struct OobDecoder {
-    buf: [u8; RECV_WR_LEN],
+    buf: [u8; ATOMIC_REQUEST_LEN],
     filled: usize,
     next: OobMessageKind,
     failed: Option<OobError>,
@@ -57,7 +63,7 @@ impl OobDecoder {
     /// A decoder for a new connection: a hello first, a proof, then records.
     pub const fn new() -> Self {
         OobDecoder {
-            buf: [0; RECV_WR_LEN],
+            buf: [0; ATOMIC_REQUEST_LEN],
             filled: 0,
             next: OobMessageKind::Hello,
             failed: None,
@@ -68,7 +74,7 @@ impl OobDecoder {
     /// only.
     pub const fn without_hello() -> Self {
         OobDecoder {
-            buf: [0; RECV_WR_LEN],
+            buf: [0; ATOMIC_REQUEST_LEN],
             filled: 0,
             next: OobMessageKind::RecvWr,
             failed: None,
@@ -90,12 +96,37 @@ impl OobDecoder {
         self.failed
     }
 
+    /// The length of the next message as far as its first 32 bytes tell: a record's kind
+    /// says whether it is an atomic request (64 bytes).
     const fn next_len(&self) -> usize {
         match self.next {
             OobMessageKind::Hello => HELLO_LEN,
             OobMessageKind::Proof => PROOF_LEN,
-            OobMessageKind::RecvWr | OobMessageKind::RecvTooShort => RECV_WR_LEN,
+            _ => RECV_WR_LEN,
         }
+    }
+
+    /// The whole length of the next message, whose first bytes are `head` (at least
+    /// [`OobDecoder::next_len`] of them).
+    fn full_len(&self, head: &[u8]) -> usize {
+        match self.next {
+            OobMessageKind::Hello | OobMessageKind::Proof => self.next_len(),
+            _ => RecordKind::record_len(head),
+        }
+    }
+
+    /// Moves bytes from `input` into the buffer until it holds `need`; whether it does.
+    fn fill_to(&mut self, need: usize, input: &mut &[u8]) -> bool {
+        if self.filled < need {
+            let take = (need - self.filled).min(input.len());
+            let (head, rest) = input.split_at(take);
+            *input = rest;
+            if let Some(slot) = self.buf.get_mut(self.filled..self.filled + take) {
+                slot.copy_from_slice(head);
+                self.filled += take;
+            }
+        }
+        self.filled >= need
     }
 
     /// Decodes the next message from `input`, advancing it past the bytes used.
@@ -104,44 +135,33 @@ impl OobDecoder {
         if let Some(e) = self.failed {
             return Err(e);
         }
-        let need = self.next_len();
-        let result = if self.filled == 0 && input.len() >= need {
+        let base = self.next_len();
+        if self.filled == 0 && input.len() >= base && input.len() >= self.full_len(input) {
             // Fast path: the whole message is in `input`, decode it in place.
             let (msg, rest) = self.parse(input)?;
             *input = rest;
-            msg
-        } else {
-            let want = need - self.filled;
-            let take = want.min(input.len());
-            let (head, rest) = input.split_at(take);
-            *input = rest;
-            let filled = self.filled;
-            let slot = self
-                .buf
-                .get_mut(filled..filled + take)
-                .ok_or(OobError::Truncated {
-                    message: self.next,
-                    needed: need,
-                    available: filled,
-                })?;
-            slot.copy_from_slice(head);
-            self.filled += take;
-            let buffered = self.buf;
-            let bytes = buffered.get(..self.filled).unwrap_or(&[]);
-            if self.filled < need {
-                // Name garbage early: the hello's magic and version are checked as their
-                // bytes arrive (a version-1 peer sends 16 bytes and waits).
-                if self.next == OobMessageKind::Hello {
-                    match Hello::parse(bytes) {
-                        Err(OobError::Truncated { .. }) | Ok(_) => {}
-                        Err(e) => return Err(self.fail(e)),
-                    }
+            return Ok(Some(msg));
+        }
+        if !self.fill_to(base, input) {
+            // Name garbage early: the hello's magic and version are checked as their
+            // bytes arrive (a version-1 peer sends 16 bytes and waits).
+            if self.next == OobMessageKind::Hello {
+                let buffered = self.buf;
+                match Hello::parse(buffered.get(..self.filled).unwrap_or(&[])) {
+                    Err(OobError::Truncated { .. }) | Ok(_) => {}
+                    Err(e) => return Err(self.fail(e)),
                 }
-                return Ok(None);
             }
-            self.filled = 0;
-            self.parse(bytes)?.0
-        };
+            return Ok(None);
+        }
+        let buffered = self.buf;
+        let full = self.full_len(buffered.get(..base).unwrap_or(&[]));
+        if !self.fill_to(full, input) {
+            return Ok(None);
+        }
+        let buffered = self.buf;
+        let n = core::mem::take(&mut self.filled);
+        let result = self.parse(buffered.get(..n).unwrap_or(&[]))?.0;
         Ok(Some(result))
     }
 
@@ -156,11 +176,13 @@ impl OobDecoder {
                 Proof::parse(bytes).map(|(p, rest)| (OobMessage::Proof(p), rest)),
                 OobMessageKind::RecvWr,
             ),
-            OobMessageKind::RecvWr | OobMessageKind::RecvTooShort => (
+            _ => (
                 Record::parse(bytes).map(|(record, rest)| {
                     let msg = match record {
                         Record::RecvWr(wr) => OobMessage::RecvWr(wr),
                         Record::RecvTooShort(r) => OobMessage::RecvTooShort(r),
+                        Record::AtomicRequest(r) => OobMessage::AtomicRequest(r),
+                        Record::AtomicReply(r) => OobMessage::AtomicReply(r),
                     };
                     (msg, rest)
                 }),
@@ -183,14 +205,19 @@ impl OobDecoder {
 
     /// Call when the peer closed the connection: an error if it stopped inside a message
     /// (or the decoder had failed before).
-    pub const fn finish(&self) -> Result<(), OobError> {
+    pub fn finish(&self) -> Result<(), OobError> {
         if let Some(e) = self.failed {
             return Err(e);
         }
         if self.filled != 0 {
+            let needed = if self.filled >= self.next_len() {
+                self.full_len(self.buf.split_at(self.filled).0)
+            } else {
+                self.next_len()
+            };
             return Err(OobError::Truncated {
                 message: self.next,
-                needed: self.next_len(),
+                needed,
                 available: self.filled,
             });
         }
@@ -348,5 +375,57 @@ mod tests {
         assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[0]))));
         assert_eq!(dec.decode(&mut input), Ok(Some(OobMessage::RecvWr(wrs[1]))));
         assert_eq!(dec.decode(&mut input), Ok(None));
+    }
+
+    #[test]
+    fn an_atomic_request_waits_for_its_operands_in_any_split() {
+        use crate::oob::{AtomicOp, AtomicReply, AtomicRequest, AtomicStatus};
+        let req = AtomicRequest {
+            qpn: 0x0123AB,
+            dest_qpn: 0x105,
+            seq: 3,
+            raddr: 0x1000,
+            rkey: 0x200,
+            op: AtomicOp::CompareSwap {
+                compare: 1,
+                swap: 2,
+            },
+        };
+        let reply = AtomicReply::refusal(&req, AtomicStatus::AccessError);
+        let mut stream = std::vec::Vec::new();
+        stream.extend_from_slice(&req.to_bytes().unwrap());
+        stream.extend_from_slice(&reply.to_bytes().unwrap());
+        stream.extend_from_slice(&req.to_bytes().unwrap());
+        for cut in 0..stream.len() {
+            let mut dec = OobDecoder::without_hello();
+            let mut got = std::vec::Vec::new();
+            for part in [&stream[..cut], &stream[cut..]] {
+                let mut input = part;
+                while let Some(m) = dec.decode(&mut input).unwrap() {
+                    got.push(m);
+                }
+            }
+            assert_eq!(
+                got,
+                [
+                    OobMessage::AtomicRequest(req),
+                    OobMessage::AtomicReply(reply),
+                    OobMessage::AtomicRequest(req)
+                ],
+                "cut at {cut}"
+            );
+        }
+        // A request whose operands never come is truncated at 64 bytes.
+        let mut dec = OobDecoder::without_hello();
+        let mut input = &stream[..40];
+        assert_eq!(dec.decode(&mut input), Ok(None));
+        assert_eq!(
+            dec.finish(),
+            Err(OobError::Truncated {
+                message: OobMessageKind::RecvWr,
+                needed: 64,
+                available: 40
+            })
+        );
     }
 }

@@ -249,8 +249,9 @@ pub struct IbvSendWr {
     pub send_flags: u32,
     /// Immediate data in network byte order (or the rkey to invalidate).
     pub imm_data: u32,
-    /// `wr.rdma`: `remote_addr` (word 0) and `rkey` (low half of word 1); the other members
-    /// of the union (atomic, ud) overlay the same 32 bytes.
+    /// `wr.rdma`: `remote_addr` (word 0) and `rkey` (low half of word 1); `wr.atomic`:
+    /// `remote_addr`, `compare_add`, `swap` (words 0..=2) and `rkey` (low half of word 3);
+    /// `wr.ud` overlays the same 32 bytes.
     pub wr: [u64; 4],
     pub qp_type: [u32; 2],
     pub _tail: [u64; 6],
@@ -650,6 +651,11 @@ pub const IBV_WR_RDMA_WRITE_WITH_IMM: u32 = 1;
 pub const IBV_WR_SEND: u32 = 2;
 pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
 pub const IBV_WR_RDMA_READ: u32 = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+
+/// `enum ibv_atomic_cap`: atomic among the users of this device (and not against the CPU).
+pub const IBV_ATOMIC_HCA: u32 = 1;
 
 pub const IBV_SEND_SIGNALED: u32 = 2;
 pub const IBV_SEND_SOLICITED: u32 = 4;

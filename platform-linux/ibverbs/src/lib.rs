@@ -13,12 +13,13 @@
 //! - The port is RoCE: Ethernet link layer, ACTIVE, LID 0, GID 0 and 3 are the device's
 //!   IPv4-mapped address (RoCE v2). Connect QPs with a GID (`ibv_rc_pingpong -g 0`).
 //! - RC QPs with up to 6 SGEs per send request: RDMA WRITE (with immediate), READ, SEND
-//!   (with immediate); completion channels; shared receive queues; UD QPs and address
+//!   (with immediate); atomic compare-and-swap and fetch-and-add (IBV_ATOMIC_HCA: executed
+//!   by the responder's driver); completion channels; shared receive queues; UD QPs and address
 //!   handles (datagrams of up to 1978 bytes through the simple NIC).
 //! - The extended verbs: ibv_create_qp_ex with the `ibv_wr_*` post API (the same post path
 //!   as ibv_post_send), ibv_create_cq_ex with ibv_start_poll / ibv_next_poll /
 //!   ibv_end_poll and the standard `ibv_wc_read_*` fields, ibv_query_device_ex (no ODP,
-//!   TSO, atomics or timestamps; the device says so). Everything else the
+//!   TSO, PCI atomics or timestamps; the device says so). Everything else the
 //!   installed libibverbs exports is present (programs and provider libraries are
 //!   BIND_NOW) and fails with EOPNOTSUPP and a log line when called.
 //! - `BLUERDMA_LOG=error|warn|info|debug` sets what is printed on stderr (default warn).

@@ -45,7 +45,9 @@ pub(crate) fn device_attr(d: &Device) -> IbvDeviceAttr {
         max_res_rd_atom: caps::MAX_RD_ATOM as c_int * cap.qps as c_int,
         max_qp_init_rd_atom: caps::MAX_RD_ATOM as c_int,
         max_ee_init_rd_atom: 0,
-        atomic_cap: 0,
+        // Atomics are executed by the responder's driver, one at a time per device, on the
+        // registered memory: atomic among this device's users, not against the CPU.
+        atomic_cap: IBV_ATOMIC_HCA,
         max_ee: 0,
         max_rdd: 0,
         max_mw: 0,

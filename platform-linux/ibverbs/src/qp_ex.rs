@@ -9,8 +9,9 @@
 //! completions as ibv_post_send.
 //!
 //! What the device cannot do is refused when the QP is made (EOPNOTSUPP, naming it):
-//! atomics, memory windows, local invalidation, SEND_WITH_INV, TSO, XRC and RSS QPs,
-//! creation flags. Calling one of those `ibv_wr_*` anyway fails the batch instead of
+//! ATOMIC_WRITE, memory windows, local invalidation, SEND_WITH_INV, TSO, XRC and RSS QPs,
+//! creation flags. Compare-and-swap and fetch-and-add are there (RC), executed by the
+//! responder's driver (`bluerdma_core::engine`'s atomics). Calling one of those `ibv_wr_*` anyway fails the batch instead of
 //! jumping through a NULL pointer.
 
 use core::ffi::{c_int, c_void};
@@ -28,7 +29,9 @@ const RC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
     | IBV_QP_EX_WITH_SEND
     | IBV_QP_EX_WITH_SEND_WITH_IMM
-    | IBV_QP_EX_WITH_RDMA_READ;
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
 const UD_OPS: u64 = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 
 /// The names of the send operations, by bit.
@@ -38,8 +41,8 @@ const OP_NAMES: &[(u64, &str)] = &[
     (IBV_QP_EX_WITH_SEND, "SEND"),
     (IBV_QP_EX_WITH_SEND_WITH_IMM, "SEND_WITH_IMM"),
     (IBV_QP_EX_WITH_RDMA_READ, "RDMA_READ"),
-    (1 << 5, "ATOMIC_CMP_AND_SWP"),
-    (1 << 6, "ATOMIC_FETCH_AND_ADD"),
+    (IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, "ATOMIC_CMP_AND_SWP"),
+    (IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, "ATOMIC_FETCH_AND_ADD"),
     (1 << 7, "LOCAL_INV"),
     (1 << 8, "BIND_MW"),
     (1 << 9, "SEND_WITH_INV"),
@@ -147,8 +150,8 @@ fn ext_ops(qp_type: u32, flags: u64) -> Result<ExtOps, c_int> {
             .collect();
         log::error!(
             "create_qp_ex: send_ops_flags {flags:#x} ask for {} which this device does not \
-             support{} (RC QPs: RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM], RDMA_READ; UD QPs: \
-             SEND[_WITH_IMM])",
+             support{} (RC QPs: RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM], RDMA_READ, \
+             ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD; UD QPs: SEND[_WITH_IMM])",
             if missing.is_empty() {
                 "operations".to_string()
             } else {
@@ -343,20 +346,37 @@ unsafe extern "C" fn wr_set_ud_addr(qp: *mut IbvQp, ah: *mut IbvAh, remote_qpn: 
     }
 }
 
-unsafe extern "C" fn wr_atomic_cmp_swp(
-    qp: *mut IbvQp,
-    _rkey: u32,
-    _raddr: u64,
-    _cmp: u64,
-    _swap: u64,
-) {
-    // SAFETY: as wr_start.
-    unsafe { lacks(qp, "ibv_wr_atomic_cmp_swp") }
+/// Begins an atomic (`wr.atomic`: the remote address, compare or add, swap, rkey) if the
+/// QP was made for it (`op`, its send_ops bit); otherwise the batch fails, as the
+/// operation's pointer would be missing on another provider.
+///
+/// # Safety
+/// As [`begin`].
+unsafe fn begin_atomic(qp: *mut IbvQp, verb: &str, op: u64, opcode: u32, fields: [u64; 4]) {
+    // SAFETY: the caller's contract.
+    if unsafe { QpExt::of(qp) }.send_ops.unwrap_or(0) & op == 0 {
+        // SAFETY: as above.
+        return unsafe { lacks(qp, verb) };
+    }
+    // SAFETY: as above.
+    unsafe { begin(qp, verb, opcode, |w| w.wr = fields) }
 }
 
-unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut IbvQp, _rkey: u32, _raddr: u64, _add: u64) {
+unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut IbvQp, rkey: u32, raddr: u64, cmp: u64, swap: u64) {
+    let (verb, op) = ("ibv_wr_atomic_cmp_swp", IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP);
+    let fields = [raddr, cmp, swap, rkey as u64];
     // SAFETY: as wr_start.
-    unsafe { lacks(qp, "ibv_wr_atomic_fetch_add") }
+    unsafe { begin_atomic(qp, verb, op, IBV_WR_ATOMIC_CMP_AND_SWP, fields) }
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut IbvQp, rkey: u32, raddr: u64, add: u64) {
+    let (verb, op) = (
+        "ibv_wr_atomic_fetch_add",
+        IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+    );
+    let fields = [raddr, add, 0, rkey as u64];
+    // SAFETY: as wr_start.
+    unsafe { begin_atomic(qp, verb, op, IBV_WR_ATOMIC_FETCH_AND_ADD, fields) }
 }
 
 unsafe extern "C" fn wr_atomic_write(qp: *mut IbvQp, _rkey: u32, _raddr: u64, _wr: *const c_void) {

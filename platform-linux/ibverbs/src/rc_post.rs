@@ -9,7 +9,9 @@
 //!   byte_len): their SGEs are copied into the QP's gather ring (`rc_rings.rs`) and sent
 //!   from there;
 //! - inline data (at most [`MAX_INLINE`] bytes, any SGE count, unregistered memory) is
-//!   copied into the QP's ring of inline slots.
+//!   copied into the QP's ring of inline slots;
+//! - an atomic (compare-and-swap, fetch-and-add) takes exactly one SGE of 8 bytes, the sink
+//!   of the original value (IBV_SEND_INLINE means nothing for it and is ignored).
 
 use core::ffi::c_int;
 use std::ptr;
@@ -17,6 +19,7 @@ use std::ptr;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::engine::{RecvWr, SendOp, SendWr};
 use bluerdma_core::keys::MrKey;
+use bluerdma_core::oob::AtomicOp;
 
 use crate::abi::*;
 use crate::caps::{MAX_INLINE, MAX_SGE};
@@ -50,13 +53,19 @@ unsafe fn expand(
         IBV_WR_SEND => SendOp::Send,
         IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(imm),
         IBV_WR_RDMA_READ => SendOp::Read,
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::Atomic(AtomicOp::CompareSwap {
+            compare: wr.wr[1],
+            swap: wr.wr[2],
+        }),
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::Atomic(AtomicOp::FetchAdd { add: wr.wr[1] }),
         other => {
             log::error!("post_send: opcode {other} is not supported");
             return Err(libc::EOPNOTSUPP);
         }
     };
     let n = wr.num_sge.max(0) as usize;
-    let inline = wr.send_flags & IBV_SEND_INLINE != 0 && op != SendOp::Read;
+    let is_atomic = matches!(op, SendOp::Atomic(_));
+    let inline = wr.send_flags & IBV_SEND_INLINE != 0 && op != SendOp::Read && !is_atomic;
     if n > MAX_SGE && !inline || n > 0 && wr.sg_list.is_null() {
         log::error!("post_send: {n} SGEs (at most {MAX_SGE})");
         return Err(libc::EINVAL);
@@ -74,6 +83,8 @@ unsafe fn expand(
     let is_send = matches!(op, SendOp::Send | SendOp::SendWithImm(_));
     let (raddr, rkey) = if is_send {
         (0, 0)
+    } else if is_atomic {
+        (wr.wr[0], wr.wr[3] as u32)
     } else {
         (wr.wr[0], wr.wr[1] as u32)
     };
@@ -102,6 +113,16 @@ unsafe fn expand(
         return Ok(());
     }
     match (op, sges) {
+        (SendOp::Atomic(_), [s]) if s.length == 8 => {
+            out.push(one(s.addr, 8, s.lkey, raddr, signaled))
+        }
+        (SendOp::Atomic(_), _) => {
+            log::error!(
+                "post_send: an atomic takes one SGE of 8 bytes (the sink of the original \
+                 value), not {n} SGEs of {total} bytes"
+            );
+            return Err(libc::EINVAL);
+        }
         (_, []) => out.push(one(0, 0, 0, raddr, signaled)),
         (SendOp::Read, _) => {
             let mut off = 0u64;

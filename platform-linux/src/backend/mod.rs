@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
+use bluerdma_core::oob::AtomicOp;
 use bluerdma_core::platform::{
     DmaAllocator, DmaBuffer, MemoryResolver, Platform, PlatformError, RegisterAccess,
 };
@@ -85,6 +86,12 @@ impl MemoryResolver for DynMem {
         out: &mut [DeviceAddr],
     ) -> Result<(), PlatformError> {
         self.0.translate(va, page, out)
+    }
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        self.0.atomic(va, op)
+    }
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        self.0.write(va, bytes)
     }
 }
 

@@ -11,12 +11,12 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use bluerdma_core::oob::{RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use super::{BackendSpec, DeviceEntry, DeviceList, Settings};
 use crate::backend::{Backend, OpenError};
-use crate::oob::{TcpOob, TcpOobConfig, TcpOobError};
+use crate::oob::{OobNotifier, TcpOob, TcpOobConfig, TcpOobError};
 use crate::verbs::{Context, DeviceSpec};
 
 /// Opens `entry` (a device of `list`) as `spec` describes it (its name, capacities and
@@ -33,7 +33,7 @@ pub fn open(
     t.command_timeout = o.command_timeout.unwrap_or(t.command_timeout);
     t.ack_timeout_min = o.ack_timeout_min.unwrap_or(t.ack_timeout_min);
     t.send_window = o.send_window.unwrap_or(t.send_window);
-    let oob = open_oob(list, entry, &spec, settings)?;
+    let (oob, notifier) = open_oob(list, entry, &spec, settings)?;
     log::info!(
         "{}: {} at {} ({:?})",
         spec.name,
@@ -41,7 +41,10 @@ pub fn open(
         spec.ip,
         backend.tuning
     );
-    Context::open_backend(spec, backend, Some(oob))
+    let ctx = Context::open_backend(spec, backend, Some(oob))?;
+    // Records from peers (an atomic request above all) wake the progress thread.
+    notifier.set(ctx.waker());
+    Ok(ctx)
 }
 
 fn open_backend(
@@ -99,13 +102,14 @@ fn emulated(spec: &DeviceSpec, _: &Settings) -> Result<Backend, OpenError> {
     ))
 }
 
-/// The device's out-of-band channel.
+/// The device's out-of-band channel, and the handle that tells it whom to wake when
+/// records arrive.
 fn open_oob(
     list: &DeviceList,
     entry: &DeviceEntry,
     spec: &DeviceSpec,
     settings: &Settings,
-) -> Result<Box<dyn OobTransport + Send>, OpenError> {
+) -> Result<(Box<dyn OobTransport + Send>, OobNotifier), OpenError> {
     let bind = entry.options.oob;
     let mut cfg = TcpOobConfig::new(bind.map_or(spec.ip, |b| b.ip));
     cfg.port = bind.and_then(|b| b.port).unwrap_or(settings.oob_port);
@@ -132,10 +136,11 @@ fn open_oob(
         .filter_map(|e| Some((e.ip, e.options.oob?.ip)))
         .collect();
     map.extend(settings.oob_peers.iter().copied());
+    let notifier = tcp.notifier();
     if map.iter().all(|(dev, oob)| dev == oob) {
-        return Ok(Box::new(tcp));
+        return Ok((Box::new(tcp), notifier));
     }
-    Ok(Box::new(MappedOob::new(tcp, &map)))
+    Ok((Box::new(MappedOob::new(tcp, &map)), notifier))
 }
 
 /// An out-of-band channel whose peers' channels listen on other addresses than their
@@ -188,6 +193,11 @@ impl<T: OobTransport> OobTransport for MappedOob<T> {
             .map_err(|e| self.error(e))
     }
 
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
+        let to = self.out(peer);
+        self.inner.send_atomic(to, msg).map_err(|e| self.error(e))
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         Some(match self.inner.poll()? {
             OobEvent::RecvWr { from, wr } => OobEvent::RecvWr {
@@ -197,6 +207,10 @@ impl<T: OobTransport> OobTransport for MappedOob<T> {
             OobEvent::RecvTooShort { from, rec } => OobEvent::RecvTooShort {
                 from: self.back(from),
                 rec,
+            },
+            OobEvent::Atomic { from, msg } => OobEvent::Atomic {
+                from: self.back(from),
+                msg,
             },
             OobEvent::PeerLost { peer } => OobEvent::PeerLost {
                 peer: self.back(peer),

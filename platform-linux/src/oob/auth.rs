@@ -121,5 +121,5 @@ mod tests {
     }
 
     const EXPECTED_LISTENER_PROOF: &str =
-        "63712d483af55468cc952248db71351198b4b073ab2d9357c688234d418e5442";
+        "6177ce32f91850779aa494b02bb8face84923b6cd3135e2d81608d7405a8ea5a";
 }

@@ -170,6 +170,7 @@ impl IoLoop {
         if events.is_empty() && !links_changed {
             return;
         }
+        let arrived = !events.is_empty();
         let mut q = self.shared.lock();
         self.machine.purge(&mut q.outbox);
         q.events.extend(events);
@@ -178,6 +179,10 @@ impl IoLoop {
             .store(q.events.len(), Ordering::SeqCst);
         if links_changed {
             q.connected = self.machine.connected_peers().collect();
+        }
+        drop(q);
+        if arrived {
+            self.shared.notifier.notify();
         }
     }
 

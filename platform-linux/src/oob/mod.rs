@@ -8,9 +8,13 @@
 //! (see *Authentication*), then carries 32-byte records back to back
 //! ([`bluerdma_core::oob`] has the layout): receive-WR records and, to a peer whose hello
 //! announces [`LENGTH_ERRORS`](bluerdma_core::oob::Capabilities::LENGTH_ERRORS),
-//! receive-WR-too-short records. Such a record queued for a peer without the capability is
-//! dropped when it would be written (counted in [`TcpOobStats::records_withheld`]), so
-//! that peer sees only the compatible record.
+//! receive-WR-too-short records; to one that announces
+//! [`ATOMICS`](bluerdma_core::oob::Capabilities::ATOMICS), atomic requests (two records)
+//! and replies. Such a record queued for a peer without the capability is dropped when it
+//! would be written (counted in [`TcpOobStats::records_withheld`]), so that peer sees only
+//! what it knows; a withheld atomic request is answered here with an
+//! [`OobEvent::Atomic`] reply of status unsupported, so that the requester fails it
+//! instead of waiting.
 //!
 //! # Connections
 //! - Whichever side sends first dials. The dialer binds its own device IP before
@@ -87,6 +91,10 @@
 //!   `WouldBlock` means the peer's queue is full: keep the WR and try again after `poll`.
 //! - A SEND longer than the receive WR it was matched with sends one receive-WR-too-short
 //!   record (the requester's own QPN) with [`OobTransport::send_too_short`].
+//! - An atomic goes with [`OobTransport::send_atomic`] (a request: two records; the reply:
+//!   one), and comes back as `OobEvent::Atomic`; a request for a peer without ATOMICS is
+//!   answered here with status unsupported. [`TcpOob::notifier`] lets the owner be woken
+//!   when records arrive (the verbs `Context` wakes its progress thread).
 //! - Each progress step drains `poll`. `RecvWr { from, wr }` goes to the QP whose peer QPN
 //!   is `wr.qpn` and whose peer IP is `from`; so does `RecvTooShort { from, rec }`.
 //!   `PeerLost { peer }` moves the QPs whose peer IP is `peer` and that have a SEND
@@ -119,7 +127,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use bluerdma_core::oob::{Record, RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, Record, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use auth::Auth;
@@ -132,6 +140,40 @@ use waker::Waker;
 
 /// The TCP port of the out-of-band listener (the reference driver's `RECV_WORKER_PORT`).
 pub const OOB_PORT: u16 = 60000;
+
+/// What a [`TcpOob`] calls, on its I/O thread, when records arrived for `poll`: the
+/// owner's wake-up (its progress thread polls now instead of after an idle sleep). It must
+/// be quick and must not call back into the transport.
+pub type OobNotify = Arc<dyn Fn() + Send + Sync>;
+
+/// Sets the [`OobNotify`] of a [`TcpOob`] after the transport was handed on (boxed into an
+/// engine); see [`TcpOob::notifier`].
+#[derive(Clone)]
+pub struct OobNotifier(Arc<Mutex<Option<OobNotify>>>);
+
+impl OobNotifier {
+    /// From now on, `f` is called whenever records arrive.
+    pub fn set(&self, f: OobNotify) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(f);
+    }
+
+    fn notify(&self) {
+        let f = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(f) = f {
+            f();
+        }
+    }
+}
+
+impl fmt::Debug for OobNotifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OobNotifier")
+    }
+}
 
 /// How a [`TcpOob`] listens, dials and bounds its resources.
 #[derive(Clone, Debug)]
@@ -281,6 +323,7 @@ impl TcpOob {
             stop: AtomicBool::new(false),
             waker: Waker::new().map_err(TcpOobError::Setup)?,
             counters: Arc::new(Counters::default()),
+            notifier: OobNotifier(Arc::new(Mutex::new(None))),
         });
         let io = IoLoop::new(Arc::clone(&shared), config, auth, local_addr, listener);
         let io_thread = thread::Builder::new()
@@ -310,6 +353,11 @@ impl TcpOob {
         self.shared.counters.snapshot()
     }
 
+    /// The handle that sets what is called when records arrive ([`OobNotify`]).
+    pub fn notifier(&self) -> OobNotifier {
+        self.shared.notifier.clone()
+    }
+
     /// The peers with an open connection now, in address order.
     pub fn connected_peers(&self) -> Vec<Ipv4Addr> {
         self.shared.lock().connected.iter().copied().collect()
@@ -336,6 +384,14 @@ impl TcpOob {
             q.events.push_back(match *record {
                 Record::RecvWr(wr) => OobEvent::RecvWr { from: peer, wr },
                 Record::RecvTooShort(rec) => OobEvent::RecvTooShort { from: peer, rec },
+                Record::AtomicRequest(req) => OobEvent::Atomic {
+                    from: peer,
+                    msg: AtomicMessage::Request(req),
+                },
+                Record::AtomicReply(reply) => OobEvent::Atomic {
+                    from: peer,
+                    msg: AtomicMessage::Reply(reply),
+                },
             });
             shared.events_len.store(q.events.len(), Ordering::SeqCst);
             Counters::add(&counters.records_sent, 1);
@@ -366,6 +422,20 @@ impl OobTransport for TcpOob {
     /// `records_withheld`).
     fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError> {
         self.queue(peer, &Record::RecvTooShort(*rec))
+    }
+
+    /// Queues an atomic request (two records) or reply like [`TcpOob::send`] does a
+    /// receive WR. A request is written only if `peer`'s hello announced
+    /// [`ATOMICS`](bluerdma_core::oob::Capabilities::ATOMICS); otherwise it is withheld
+    /// and answered with a reply of status unsupported (an event of this transport).
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
+        self.queue(
+            peer,
+            &match *msg {
+                AtomicMessage::Request(r) => Record::AtomicRequest(r),
+                AtomicMessage::Reply(r) => Record::AtomicReply(r),
+            },
+        )
     }
 
     fn poll(&mut self) -> Option<OobEvent> {
@@ -407,6 +477,8 @@ struct Shared {
     stop: AtomicBool,
     waker: Waker,
     counters: Arc<Counters>,
+    /// Called when the I/O thread queued events.
+    notifier: OobNotifier,
 }
 
 struct Queues {

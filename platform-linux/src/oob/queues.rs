@@ -1,17 +1,19 @@
 //! The bounded send queues of the OOB channel: encoded records per peer, filled by
 //! `send` on the caller's thread and taken by the connection state machine
-//! ([`super::machine::Machine::take_outbox`]) when the peer's connection can carry them.
+//! ([`super::machine::Machine::take_outbox`]) when the peer's connection can carry them,
+//! and [`withhold`], which takes out what a peer did not announce it takes.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use bluerdma_core::oob::{RecordKind, RECV_WR_LEN};
+use bluerdma_core::oob::{AtomicRequest, Capabilities, RecordKind, RECV_WR_LEN};
 
 /// The peer's queue already holds its limit of records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct QueueFull;
 
-/// Records per peer not yet handed to a connection, at most `max_records` per peer.
+/// Records per peer not yet handed to a connection, at most `max_records` per peer (32-byte
+/// records: an atomic request counts two).
 #[derive(Debug)]
 pub(super) struct Outbox {
     queues: HashMap<Ipv4Addr, Vec<u8>>,
@@ -26,12 +28,9 @@ impl Outbox {
         }
     }
 
-    /// Appends one encoded record for `peer`, or refuses it when the peer's queue is full.
-    pub(super) fn push(
-        &mut self,
-        peer: Ipv4Addr,
-        record: &[u8; RECV_WR_LEN],
-    ) -> Result<(), QueueFull> {
+    /// Appends one encoded record (32 bytes, or 64 for an atomic request) for `peer`, or
+    /// refuses it when the peer's queue is full.
+    pub(super) fn push(&mut self, peer: Ipv4Addr, record: &[u8]) -> Result<(), QueueFull> {
         let queue = self.queues.entry(peer).or_default();
         if queue.len() >= self.max_bytes {
             return Err(QueueFull);
@@ -65,25 +64,53 @@ impl Outbox {
     }
 }
 
-/// Removes the receive-WR-too-short records from `queued` (whole 32-byte records, kept in
-/// order otherwise), for a peer that did not announce them; returns how many.
-pub(super) fn withhold_too_short(queued: &mut Vec<u8>) -> u64 {
-    let too_short = (RecordKind::RecvTooShort as u32).to_be_bytes();
-    let is_too_short = |r: &[u8]| r.get(28..RECV_WR_LEN) == Some(&too_short[..]);
-    let n = queued
-        .chunks_exact(RECV_WR_LEN)
-        .filter(|r| is_too_short(r))
-        .count();
-    if n > 0 {
-        let kept: Vec<u8> = queued
-            .chunks_exact(RECV_WR_LEN)
-            .filter(|r| !is_too_short(r))
-            .flatten()
-            .copied()
-            .collect();
-        *queued = kept;
+/// What [`withhold`] took out of a queue.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Withheld {
+    /// Records removed (an atomic request counts two).
+    pub(super) records: u64,
+    /// The atomic requests among them, to be answered with status unsupported.
+    pub(super) atomics: Vec<AtomicRequest>,
+}
+
+/// Removes from `queued` (whole records, kept in order otherwise) what a peer with
+/// capabilities `caps` does not take: receive-WR-too-short records without
+/// LENGTH_ERRORS, atomic requests and replies without ATOMICS.
+pub(super) fn withhold(queued: &mut Vec<u8>, caps: Capabilities) -> Withheld {
+    let kind = |k: RecordKind| Some(k as u32);
+    let refused = |r: &[u8]| {
+        let k = RecordKind::of(r);
+        !caps.contains(Capabilities::LENGTH_ERRORS) && k == kind(RecordKind::RecvTooShort)
+            || !caps.contains(Capabilities::ATOMICS)
+                && [
+                    RecordKind::AtomicRequest,
+                    RecordKind::AtomicOperands,
+                    RecordKind::AtomicReply,
+                ]
+                .into_iter()
+                .any(|a| k == kind(a))
+    };
+    let mut out = Withheld::default();
+    if !queued.chunks_exact(RECV_WR_LEN).any(refused) {
+        return out;
     }
-    n as u64
+    let mut kept = Vec::with_capacity(queued.len());
+    let mut at = 0;
+    while let Some(head) = queued.get(at..at + RECV_WR_LEN) {
+        let len = RecordKind::record_len(head);
+        let record = queued.get(at..at + len).unwrap_or(head);
+        if refused(head) {
+            out.records += (record.len() / RECV_WR_LEN) as u64;
+            if let Ok((req, _)) = AtomicRequest::parse(record) {
+                out.atomics.push(req);
+            }
+        } else {
+            kept.extend_from_slice(record);
+        }
+        at += record.len();
+    }
+    *queued = kept;
+    out
 }
 
 #[cfg(test)]
@@ -123,7 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn withholding_too_short_records_keeps_the_others_in_order() {
+    fn withholding_takes_out_what_the_peer_does_not_take_and_keeps_the_rest_in_order() {
         let short = RecvTooShort {
             wr_id: 7,
             send_len: 9,
@@ -131,9 +158,26 @@ mod tests {
         }
         .to_bytes()
         .unwrap();
-        let mut q = [wr(1), short, wr(2), short, wr(3)].concat();
-        assert_eq!(withhold_too_short(&mut q), 2);
+        let req = AtomicRequest {
+            qpn: 1,
+            dest_qpn: 2,
+            seq: 5,
+            ..AtomicRequest::default()
+        };
+        let atomic = req.to_bytes().unwrap();
+        let all = [&wr(1)[..], &short, &atomic, &wr(2), &short, &wr(3)].concat();
+        let mut q = all.clone();
+        let w = withhold(&mut q, Capabilities::RECV_WR_RECORDS);
+        assert_eq!((w.records, w.atomics), (4, vec![req]));
         assert_eq!(q, [wr(1), wr(2), wr(3)].concat());
-        assert_eq!(withhold_too_short(&mut q), 0);
+        assert_eq!(withhold(&mut q, Capabilities::empty()), Withheld::default());
+        // A peer with LENGTH_ERRORS only: the atomic request goes, both records of it.
+        let mut q = all.clone();
+        let w = withhold(&mut q, Capabilities::LENGTH_ERRORS);
+        assert_eq!((w.records, w.atomics.len()), (2, 1));
+        assert_eq!(q, [&wr(1)[..], &short, &wr(2), &short, &wr(3)].concat());
+        let mut q = all.clone();
+        assert_eq!(withhold(&mut q, Capabilities::OURS), Withheld::default());
+        assert_eq!(q, all);
     }
 }

@@ -36,7 +36,10 @@ pub use vma::{backing, check_access, check_access_in, parse_maps, Backing, Vma};
 pub use bluerdma_sim::mem::HostMemory as EmulatedUmem;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
-use bluerdma_core::platform::{MemoryResolver, PlatformError};
+use bluerdma_core::oob::AtomicOp;
+use bluerdma_core::platform::{
+    atomic_in_place, pinned_at, write_in_place, MemoryResolver, PlatformError,
+};
 
 use crate::paths::SystemPaths;
 
@@ -56,6 +59,8 @@ const HUGETLB_CONTIGUOUS: Option<u64> = if cfg!(target_arch = "x86_64") {
 struct Pinned {
     va: VirtAddr,
     len: u64,
+    /// Pinned for a registration the card may write (and atomics may change).
+    write: bool,
     backing: Backing,
     locked: Option<(u64, u64)>,
 }
@@ -131,6 +136,7 @@ impl HostUmem {
         self.pins.push(Pinned {
             va,
             len,
+            write: false,
             backing,
             locked,
         });
@@ -331,6 +337,16 @@ impl HostUmem {
     }
 }
 
+impl HostUmem {
+    /// The ranges pinned with `write`, as `(va, len)`.
+    fn writable(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.pins
+            .iter()
+            .filter(|p| p.write)
+            .map(|p| (p.va.0, p.len))
+    }
+}
+
 impl MemoryResolver for HostUmem {
     fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError> {
         // mlock takes read-only memory, and the kernel would refuse to pin it for a writable
@@ -339,13 +355,36 @@ impl MemoryResolver for HostUmem {
             return Err(self.note(e));
         }
         match self.try_pin(va, len as u64) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                if let Some(p) = self.pins.last_mut() {
+                    p.write = write;
+                }
+                Ok(())
+            }
             Err(e) => Err(self.note(e)),
         }
     }
 
     fn unpin(&mut self, va: VirtAddr, len: usize) {
         self.release(va, len as u64);
+    }
+
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        pinned_at(self.writable(), va, 8)?;
+        if va.0 % 8 != 0 {
+            return Err(PlatformError::NotMapped { va });
+        }
+        // SAFETY: aligned, and inside a range pinned with `write`: this process's memory at
+        // its address, which `pin` found mapped and writable and locked, and which the
+        // application keeps mapped while it is registered (the verbs contract).
+        Ok(unsafe { atomic_in_place(va, op) })
+    }
+
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        pinned_at(self.writable(), va, bytes.len() as u64)?;
+        // SAFETY: inside a range pinned with `write`, as for `atomic`.
+        unsafe { write_in_place(va, bytes) };
+        Ok(())
     }
 
     fn translate(

@@ -114,7 +114,7 @@ pub(super) fn progress_loop(inner: &Inner) {
         let until_deadline = deadline
             .map(|d| Duration::from_nanos(d.0.saturating_sub(inner.now().0)))
             .unwrap_or(backoff);
-        let (lock, cv) = &inner.kick;
+        let (lock, cv) = &*inner.kick;
         let Ok(guard) = lock.lock() else { return };
         let (mut kicked, _) = cv
             .wait_timeout_while(guard, backoff.min(until_deadline), |k| !*k)

@@ -13,7 +13,11 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
-use bluerdma_core::platform::{DmaAllocator, DmaBuffer, MemoryResolver, PlatformError};
+use bluerdma_core::oob::AtomicOp;
+use bluerdma_core::platform::{
+    atomic_in_place, pinned_at, write_in_place, DmaAllocator, DmaBuffer, MemoryResolver,
+    PlatformError,
+};
 
 use super::AddressMap;
 
@@ -86,12 +90,17 @@ unsafe impl DmaAllocator for HostDma {
 /// (nothing moves in an emulation), translation adds [`DEVICE_OFFSET`] to page bases.
 pub struct HostMemory {
     map: AddressMap,
+    /// The ranges pinned with `write`, as `(va, len)`: where atomics may execute.
+    writable: Vec<(u64, u64)>,
 }
 
 impl HostMemory {
     /// A resolver whose ranges the card reaches through `map`.
     pub fn new(map: AddressMap) -> Self {
-        Self { map }
+        Self {
+            map,
+            writable: Vec::new(),
+        }
     }
 }
 
@@ -111,11 +120,35 @@ impl MemoryResolver for HostMemory {
         // SAFETY: the driver pins only memory an application registered, which must stay
         // valid while registered (the verbs contract); `unpin` unmaps it.
         unsafe { self.map.insert(device_addr_of(va.0), va.0 as *mut u8, len) };
+        if write {
+            self.writable.push((va.0, len as u64));
+        }
         Ok(())
     }
 
-    fn unpin(&mut self, va: VirtAddr, _len: usize) {
+    fn unpin(&mut self, va: VirtAddr, len: usize) {
         self.map.remove(device_addr_of(va.0));
+        if let Some(k) = self.writable.iter().position(|&r| r == (va.0, len as u64)) {
+            self.writable.swap_remove(k);
+        }
+    }
+
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        pinned_at(self.writable.iter().copied(), va, 8)?;
+        if va.0 % 8 != 0 {
+            return Err(PlatformError::NotMapped { va });
+        }
+        // SAFETY: aligned, and inside a range pinned with `write`: the process's own memory
+        // at its address, which `pin` found mapped and writable and the application keeps
+        // valid while it is registered (the verbs contract).
+        Ok(unsafe { atomic_in_place(va, op) })
+    }
+
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        pinned_at(self.writable.iter().copied(), va, bytes.len() as u64)?;
+        // SAFETY: inside a range pinned with `write`, as for `atomic`.
+        unsafe { write_in_place(va, bytes) };
+        Ok(())
     }
 
     fn translate(
@@ -160,5 +193,39 @@ mod tests {
             .unwrap();
         assert_eq!(out[0], device_addr_of(0x7f00_0020_0000));
         assert_eq!(out[2].0 - out[0].0, 4 << 20);
+    }
+
+    #[test]
+    fn atomics_and_sink_writes_go_only_where_a_writable_pin_is() {
+        let mut mem = HostMemory::new(AddressMap::new());
+        let mut buf = vec![0u64; 8];
+        let va = VirtAddr(buf.as_mut_ptr() as u64);
+        mem.pin(va, 32, true).unwrap();
+        let at = |k: u64| VirtAddr(va.0 + 8 * k);
+        assert_eq!(mem.atomic(at(1), AtomicOp::FetchAdd { add: 5 }), Ok(0));
+        let cas = AtomicOp::CompareSwap {
+            compare: 5,
+            swap: 9,
+        };
+        assert_eq!(mem.atomic(at(1), cas), Ok(5));
+        mem.write(at(2), &7u64.to_ne_bytes()).unwrap();
+        let refused = |va| Err(PlatformError::NotMapped { va });
+        // Past the pinned 32 bytes, unaligned, or pinned read-only: refused, not touched.
+        assert_eq!(
+            mem.atomic(at(4), AtomicOp::FetchAdd { add: 1 }),
+            refused(at(4))
+        );
+        let odd = VirtAddr(va.0 + 4);
+        assert_eq!(mem.atomic(odd, AtomicOp::FetchAdd { add: 1 }), refused(odd));
+        let past = mem.write(at(3), &[0; 9]);
+        assert_eq!(past, Err(PlatformError::NotMapped { va: at(3) }));
+        mem.unpin(va, 32);
+        mem.pin(va, 64, false).unwrap();
+        assert_eq!(
+            mem.atomic(at(1), AtomicOp::FetchAdd { add: 1 }),
+            refused(at(1))
+        );
+        mem.unpin(va, 64);
+        assert_eq!(&buf[..4], &[0, 9, 7, 0]);
     }
 }

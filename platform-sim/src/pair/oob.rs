@@ -4,13 +4,15 @@
 //! test can delay a direction, bound how many records it holds (sends beyond that fail with
 //! [`PlatformError::WouldBlock`], as the TCP channel's full queue does), or cut the channel
 //! ("peer lost"): both ends then get [`OobEvent::PeerLost`], what was in flight is lost,
-//! and sends fail until it is restored.
+//! and sends fail until it is restored. Atomic messages can be lost one by one, and a side
+//! can be made one whose hello lacks ATOMICS: its channel peer then answers requests for
+//! it with status unsupported, as the TCP channel does.
 
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bluerdma_core::oob::{RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, AtomicReply, AtomicStatus, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use super::Side;
@@ -29,6 +31,10 @@ pub(super) struct OobWire {
     cut: bool,
     /// Records each side sent.
     pub(super) sent: [u64; 2],
+    /// Whether each side takes atomics (its hello's ATOMICS).
+    pub(super) atomics: [bool; 2],
+    /// Atomic messages to each side still to be lost.
+    pub(super) drop_atomics: [u32; 2],
 }
 
 impl OobWire {
@@ -40,6 +46,8 @@ impl OobWire {
             capacity: [None; 2],
             cut: false,
             sent: [0; 2],
+            atomics: [true; 2],
+            drop_atomics: [0; 2],
         }))
     }
 
@@ -120,6 +128,29 @@ impl OobTransport for PairOob {
     fn send_too_short(&mut self, peer: Ipv4Addr, rec: &RecvTooShort) -> Result<(), PlatformError> {
         let from = self.wire().ips[self.side.index()];
         self.queue(peer, OobEvent::RecvTooShort { from, rec: *rec })
+    }
+
+    fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
+        let (me, to) = (self.side.index(), self.side.peer().index());
+        let mut w = self.wire();
+        let from = w.ips[me];
+        if let AtomicMessage::Request(req) = msg {
+            if !w.atomics[to] && !w.cut && peer == w.ips[to] {
+                // The peer's hello lacks ATOMICS: our channel answers for it.
+                let reply = AtomicReply::refusal(req, AtomicStatus::Unsupported);
+                let now = self.clock.now_ns();
+                let msg = AtomicMessage::Reply(reply);
+                w.lanes[me].push_back((now, OobEvent::Atomic { from: peer, msg }));
+                return Ok(());
+            }
+        }
+        if w.drop_atomics[to] > 0 && !w.cut && peer == w.ips[to] {
+            w.drop_atomics[to] -= 1;
+            w.sent[me] += 1;
+            return Ok(());
+        }
+        drop(w);
+        self.queue(peer, OobEvent::Atomic { from, msg: *msg })
     }
 
     fn poll(&mut self) -> Option<OobEvent> {

@@ -21,12 +21,14 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bluerdma_core::oob::{Capabilities, Hello, OobError, OobMessage, RECV_WR_LEN};
+use bluerdma_core::oob::{
+    AtomicMessage, AtomicReply, AtomicStatus, Hello, OobError, OobMessage, RECV_WR_LEN,
+};
 use bluerdma_core::platform::OobEvent;
 
 use super::auth::Auth;
 use super::log_budget::LogBudget;
-use super::queues::{withhold_too_short, Outbox};
+use super::queues::{withhold, Outbox};
 use super::stats::Counters;
 use super::TcpOobConfig;
 
@@ -205,6 +207,7 @@ impl Machine {
         self.purge(outbox);
         let mut to_dial = Vec::new();
         let counters = &self.counters;
+        let events = &mut self.events;
         outbox.drain_with(|peer, queued| match self.peers.get(&peer) {
             None => to_dial.push(peer),
             Some(PeerLink::Connected(token)) => {
@@ -215,10 +218,14 @@ impl Machine {
                 if pending >= CONN_OUT_HIGH {
                     return;
                 }
-                if !conn.peer_caps.contains(Capabilities::LENGTH_ERRORS) {
-                    let withheld = withhold_too_short(queued);
-                    Counters::add(&counters.records_withheld, withheld);
-                }
+                let withheld = withhold(queued, conn.peer_caps);
+                Counters::add(&counters.records_withheld, withheld.records);
+                // A peer that takes no atomics never sees the request: answer for it, so
+                // that the requester fails the atomic instead of waiting for a reply.
+                events.extend(withheld.atomics.iter().map(|req| OobEvent::Atomic {
+                    from: peer,
+                    msg: AtomicMessage::Reply(AtomicReply::refusal(req, AtomicStatus::Unsupported)),
+                }));
                 let records = (queued.len() / RECV_WR_LEN) as u64;
                 if pending == 0 {
                     conn.out.clear();
@@ -313,6 +320,14 @@ impl Machine {
                 Ok(Some(OobMessage::RecvTooShort(rec))) => OobEvent::RecvTooShort {
                     from: conn.peer,
                     rec,
+                },
+                Ok(Some(OobMessage::AtomicRequest(req))) => OobEvent::Atomic {
+                    from: conn.peer,
+                    msg: AtomicMessage::Request(req),
+                },
+                Ok(Some(OobMessage::AtomicReply(reply))) => OobEvent::Atomic {
+                    from: conn.peer,
+                    msg: AtomicMessage::Reply(reply),
                 },
                 Ok(Some(OobMessage::Hello(hello))) => {
                     if !self.on_hello(token, hello) {

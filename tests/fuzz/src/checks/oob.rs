@@ -1,9 +1,9 @@
 //! The out-of-band targets: what a peer driver sends over TCP (core/src/oob).
 
 use super::Chunks;
+use bluerdma_core::oob::{AtomicReply, AtomicRequest, Record, RecvTooShort, RecvWr};
 use bluerdma_core::oob::{Hello, HELLO_LEN};
 use bluerdma_core::oob::{OobDecoder, OobError, OobMessage};
-use bluerdma_core::oob::{Record, RecvTooShort, RecvWr, RECV_WR_LEN};
 
 /// The out-of-band hello (core/src/oob/codec.rs), the first 16 bytes a peer sends. A hello
 /// that decodes re-encodes to exactly the bytes it was decoded from.
@@ -19,37 +19,34 @@ pub fn oob_hello(data: &[u8]) {
     );
 }
 
-/// The out-of-band records (core/src/oob/codec.rs), 32 bytes each: [`Record::parse`] and
-/// the per-kind parsers agree, and a record that decodes re-encodes to exactly its bytes.
+/// The out-of-band records (core/src/oob/codec.rs, atomic.rs), 32 bytes each (an atomic
+/// request is two): [`Record::parse`] and the per-kind parsers agree (exactly one takes a
+/// record that decodes, none what it refuses), and a record that decodes re-encodes to
+/// exactly its bytes.
 pub fn oob_record(data: &[u8]) {
     let any = Record::parse(data);
-    let wr = RecvWr::parse(data);
-    let short = RecvTooShort::parse(data);
+    let wr = RecvWr::parse(data).map(|(r, rest)| (Record::RecvWr(r), rest));
+    let short = RecvTooShort::parse(data).map(|(r, rest)| (Record::RecvTooShort(r), rest));
+    let request = AtomicRequest::parse(data).map(|(r, rest)| (Record::AtomicRequest(r), rest));
+    let reply = AtomicReply::parse(data).map(|(r, rest)| (Record::AtomicReply(r), rest));
+    let kinds = [wr, short, request, reply];
     match any {
         Ok((record, rest)) => {
-            assert_eq!(rest, &data[RECV_WR_LEN..], "bytes after the record");
             let bytes = record
                 .to_bytes()
                 .unwrap_or_else(|e| panic!("decoded {record:?} does not encode: {e}"));
+            assert_eq!(rest, &data[bytes.len()..], "bytes after the record");
             assert_eq!(
                 bytes[..],
-                data[..RECV_WR_LEN],
+                data[..bytes.len()],
                 "{record:?} re-encodes differently"
             );
-            match record {
-                Record::RecvWr(r) => {
-                    assert_eq!(wr, Ok((r, rest)));
-                    assert!(short.is_err());
-                }
-                Record::RecvTooShort(r) => {
-                    assert_eq!(short, Ok((r, rest)));
-                    assert!(wr.is_err());
-                }
-            }
+            let takers: Vec<_> = kinds.iter().filter_map(|k| k.as_ref().ok()).collect();
+            assert_eq!(takers, [&(record, rest)], "the kinds' parsers disagree");
         }
         Err(_) => {
             assert!(
-                wr.is_err() && short.is_err(),
+                kinds.iter().all(Result::is_err),
                 "a kind's parser takes what Record refuses"
             );
         }

@@ -2,7 +2,11 @@
 //! versions, timeouts and bounds.
 
 use super::*;
-use bluerdma_core::oob::{Capabilities, RecvTooShort, PROOF_LEN, RECV_WR_LEN};
+use bluerdma_core::oob::{
+    AtomicMessage, AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities, RecvTooShort,
+    PROOF_LEN, RECV_WR_LEN,
+};
+use bluerdma_core::platform::OobEvent;
 
 use super::super::super::queues::QueueFull;
 use super::super::CONN_OUT_HIGH;
@@ -354,6 +358,43 @@ fn too_short_records_are_withheld_from_a_peer_that_does_not_announce_them() {
     assert_eq!(node.sent(t), wr(1).to_bytes().unwrap());
     let s = node.stats();
     assert_eq!((s.records_withheld, s.records_sent), (1, 1), "{s}");
+}
+
+#[test]
+fn atomics_to_a_peer_without_them_are_withheld_and_answered_unsupported() {
+    let mut node = Node::new(A, Instant::now(), |_| {});
+    let now = Instant::now();
+    let req = AtomicRequest {
+        qpn: 0x2a,
+        dest_qpn: 0x105,
+        seq: 7,
+        raddr: 0x1000,
+        rkey: 0x300,
+        op: AtomicOp::FetchAdd { add: 1 },
+    };
+    node.send(B, 1);
+    node.outbox.push(B, &req.to_bytes().unwrap()).unwrap();
+    node.send(B, 2);
+    let no_atomics = Hello {
+        capabilities: Capabilities::RECV_WR_RECORDS | Capabilities::LENGTH_ERRORS,
+        ..Hello::new(B)
+    };
+    let t = node.dial_proven(B, no_atomics, &secret(), now);
+    node.collect();
+    let records = [wr(1).to_bytes().unwrap(), wr(2).to_bytes().unwrap()].concat();
+    assert_eq!(node.sent(t), records, "only the receive WRs went out");
+    let reply = AtomicReply::refusal(&req, AtomicStatus::Unsupported);
+    let answer = OobEvent::Atomic {
+        from: B,
+        msg: AtomicMessage::Reply(reply),
+    };
+    assert_eq!(
+        node.events,
+        [answer],
+        "the requester hears the refusal at once"
+    );
+    let s = node.stats();
+    assert_eq!((s.records_withheld, s.records_sent), (2, 2), "{s}");
 }
 
 #[test]
