@@ -462,8 +462,9 @@ fn write_packets() -> Vec<Vec<u8>> {
     ]
 }
 
+/// A capture file of this process (two test runs at once must not write each other's).
 fn capture_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-{name}", std::process::id()))
 }
 
 /// The records of a classic pcap file written on this machine: (incl_len, orig_len, bytes).

@@ -30,7 +30,12 @@ fn structures_match_the_installed_headers() {
     }
     c.push_str("    return 0;\n}\n");
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let (src, bin) = (dir.join("rdmacm_layout.c"), dir.join("rdmacm_layout"));
+    // Named per process: two test runs at once must not rebuild each other's program.
+    let pid = std::process::id();
+    let (src, bin) = (
+        dir.join(format!("rdmacm_layout-{pid}.c")),
+        dir.join(format!("rdmacm_layout-{pid}")),
+    );
     std::fs::write(&src, c).unwrap();
     let mut cc = Command::new("cc");
     cc.arg("-o").arg(&bin).arg(&src);

@@ -65,7 +65,10 @@ int main(int argc, char **argv)
 /// The server program, and a directory where the stand-ins are `lib*.so.1`.
 fn server_and_libs() -> (std::path::PathBuf, std::path::PathBuf) {
     let profile_dir = build();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cm_exit");
+    // One directory per process: two test runs at once (`cargo xtask ci --stress`) must
+    // not rebuild the program the other is running ("Text file busy").
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cm_exit-{}", std::process::id()));
     let libs = dir.join("lib");
     std::fs::create_dir_all(&libs).unwrap();
     for name in ["libibverbs.so", "librdmacm.so"] {
