@@ -324,6 +324,17 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.on_rnr_timeout(i, now);
                 work = true;
             }
+            if self.timers(i).is_due(Timer::PeerLost, now) {
+                self.timers(i).set(Timer::PeerLost, None);
+                if self.qp(i).attrs.connected() {
+                    core_debug!(
+                        "QP {:#x}: its out-of-band peer is gone: QP to ERR",
+                        self.qp(i).attrs.qpn.get()
+                    );
+                    self.fatal(i);
+                }
+                work = true;
+            }
         }
         work
     }

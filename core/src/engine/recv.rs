@@ -196,7 +196,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 OobEvent::RecvWr { from, wr } => self.on_remote_recv(from, wr, now),
                 OobEvent::RecvTooShort { from, rec } => self.on_recv_too_short(from, rec),
                 OobEvent::Atomic { from, msg } => self.on_atomic(from, msg, now),
-                OobEvent::PeerLost { peer } => self.on_peer_lost(peer),
+                OobEvent::PeerLost { peer } => self.on_peer_lost(peer, now),
             }
         }
         any
@@ -231,7 +231,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// to ERR with their work flushed (WR_FLUSH_ERR) and raise QP_FATAL. The receive WRs
     /// the peer announced are dropped. Other QPs keep running, as on a real card: WRITEs
     /// and READs use the link, and a later SEND fails at once.
-    fn on_peer_lost(&mut self, peer: Ipv4Addr) {
+    ///
+    /// A passive receiver fails after a grace, the time a requester of a real card would take
+    /// to give up on a silent peer (its ACK timeout times `retry_cnt + 1`): a peer that
+    /// exits right after its last SEND closes the channel while the receiver may not have
+    /// polled that SEND's completion yet, and a flush next to it failed programs that
+    /// poll two completions at once (ibv_rc_pingpong -e). A QP with work that waits for
+    /// the channel fails at once.
+    fn on_peer_lost(&mut self, peer: Ipv4Addr, now: Instant) {
         for i in self.qp_indices() {
             let a = self.qp(i).attrs;
             if !self.qp(i).in_use() || a.peer_ip != peer || !a.connected() {
@@ -250,13 +257,19 @@ impl<P: Platform, S: Storage> Device<P, S> {
             while self.next_remote(i).is_some() {
                 self.pop_remote(i);
             }
-            if waiting || receiving {
+            if waiting {
                 core_debug!(
                     "QP {:#x}: the out-of-band connection to {} is lost: QP to ERR",
                     a.qpn.get(),
                     peer
                 );
                 self.fatal(i);
+            } else if receiving {
+                let once = a
+                    .ack_timeout(self.cfg.ack_timeout_min)
+                    .unwrap_or(crate::time::Nanos(1_000_000_000));
+                let grace = crate::time::Nanos(once.0.saturating_mul(u64::from(a.retry_cnt) + 1));
+                self.timers(i).set(Timer::PeerLost, Some(now + grace));
             }
         }
     }

@@ -278,11 +278,13 @@ impl<'a> SendQueue<'a> {
     }
 }
 
-/// A QP's two timers: retransmission (local ACK timeout) and RNR.
+/// A QP's timers: retransmission (local ACK timeout), RNR, and the grace a passive
+/// receiver whose out-of-band peer is lost gets before it fails.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpTimers {
     retransmit: Option<Instant>,
     rnr: Option<Instant>,
+    peer_lost: Option<Instant>,
 }
 
 /// Which timer.
@@ -292,6 +294,8 @@ pub(crate) enum Timer {
     Retransmit,
     /// A SEND waited `min_rnr_timer` for a receive WR.
     Rnr,
+    /// The out-of-band peer of a passive receiver went away: fail the QP when it fires.
+    PeerLost,
 }
 
 impl QpTimers {
@@ -301,6 +305,7 @@ impl QpTimers {
         match t {
             Timer::Retransmit => self.retransmit,
             Timer::Rnr => self.rnr,
+            Timer::PeerLost => self.peer_lost,
         }
     }
 
@@ -310,6 +315,7 @@ impl QpTimers {
         match t {
             Timer::Retransmit => self.retransmit = at,
             Timer::Rnr => self.rnr = at,
+            Timer::PeerLost => self.peer_lost = at,
         }
     }
 
@@ -321,13 +327,13 @@ impl QpTimers {
         }
     }
 
-    /// The earlier of the two.
+    /// The earliest of them.
     #[inline]
     pub(crate) fn next(&self) -> Option<Instant> {
-        match (self.retransmit, self.rnr) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.retransmit, self.rnr, self.peer_lost]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Whether `t` runs and is due at `now`.
