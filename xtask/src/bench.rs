@@ -26,7 +26,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::perftest::{PairFigure, PairRunner};
+use super::perftest::{keyed_number, PairFigure, PairRunner};
 
 /// The hidden first argument that makes `bench` measure the baselines only.
 const BASELINE: &str = "--baseline";
@@ -449,9 +449,7 @@ fn measure_baseline(root: &Path, opts: &Opts) -> Result<Baseline, String> {
         .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse::<f64>().ok())
+        keyed_number(&text, key)
             .filter(|v| *v > 0.0)
             .ok_or_else(|| format!("bench: baseline gave no {key}: {}", text.trim()))
     };
@@ -488,11 +486,7 @@ fn post_rate(root: &Path, opts: &Opts) -> Result<(f64, f64), String> {
         .output()
         .map_err(|e| format!("cannot start `{cargo} bench`: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
+    let field = |key: &str| keyed_number(&text, key);
     match (
         out.status.success(),
         field("post_send_1 "),

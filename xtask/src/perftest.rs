@@ -1191,11 +1191,7 @@ fn measure_baseline(root: &Path, opts: &Opts, ip: &str) -> Result<Baseline, Stri
         .output()
         .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let field = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
+    let field = |key: &str| keyed_number(&text, key);
     match (
         out.status.success(),
         field("stream_mb_s"),
@@ -1440,6 +1436,14 @@ impl Report {
             (_, false) => Err(format!("perftest: failed: {}", failed.join(", "))),
         }
     }
+}
+
+/// The number after `key` on the first line of `text` that starts with it (the
+/// `name value` lines the baseline and bench programs print).
+pub(crate) fn keyed_number(text: &str, key: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse::<f64>().ok())
 }
 
 #[cfg(test)]
