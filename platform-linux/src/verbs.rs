@@ -29,7 +29,9 @@ use bluerdma_core::platform::OobTransport;
 use bluerdma_core::qp::QpType;
 use bluerdma_core::time::{Instant, Nanos};
 
-use crate::backend::{Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, OpenError};
+use crate::backend::{
+    Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, OpenError, Tuning,
+};
 use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
 
@@ -120,6 +122,8 @@ struct Inner {
     /// Which backend the device runs on, and how its owned buffers are made.
     kind: BackendKind,
     buffers: BufferKind,
+    /// How the engine paces itself on this backend (bounds the wait of [`Inner::drain_tx`]).
+    tuning: Tuning,
     /// Keeps the backend alive; dropped first when the last handle goes (the card stops
     /// touching the engine's DMA buffers before [`Device::close`] frees them).
     handle: ManuallyDrop<Mutex<Box<dyn BackendHandle>>>,
@@ -139,6 +143,7 @@ pub type EventHandler = Box<dyn FnMut(AsyncEvent) + Send>;
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.drain_tx();
         // The card stops first (the emulated card's threads, the RTL DMA client): it must
         // not touch the DMA buffers the engine frees.
         // SAFETY: `handle` is dropped once, here, and never used again.
@@ -154,6 +159,48 @@ impl Drop for Inner {
 pub type RawHandler = Box<dyn FnMut(&[u8]) + Send>;
 
 impl Inner {
+    /// Before the DMA buffers go: lets the card fetch the descriptors it was given and, where
+    /// the backend can tell, read the simple-NIC frames they name (a UD SEND completes when
+    /// posted; a process that exits right after it must not take the datagram with it).
+    /// Gives up when the card has made no progress for a quarter of the command timeout (a
+    /// stopped or frozen card), logging what it left.
+    fn drain_tx(&self) {
+        let stall = self.tuning.command_timeout / 4;
+        let mut last = None;
+        let mut since = std::time::Instant::now();
+        loop {
+            let backlog = {
+                let mut dev = self.lock();
+                dev.poll(self.now());
+                dev.tx_backlog()
+            };
+            let read = self.handle().tx_frame_bytes_read();
+            let unread = read.map_or(0, |r| backlog.simple_nic_bytes.saturating_sub(r));
+            if backlog.unfetched == 0 && unread == 0 {
+                return;
+            }
+            let now = (backlog.unfetched, read);
+            if last != Some(now) {
+                last = Some(now);
+                since = std::time::Instant::now();
+            } else if since.elapsed() >= stall {
+                log::warn!(
+                    "{}: closing with {} descriptors the card has not fetched and {unread} \
+                     simple-NIC bytes it has not read ({} ms without progress)",
+                    self.spec.name,
+                    backlog.unfetched,
+                    stall.as_millis()
+                );
+                return;
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn handle(&self) -> MutexGuard<'_, Box<dyn BackendHandle>> {
+        self.handle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn now(&self) -> Instant {
         Instant(self.epoch.elapsed().as_nanos() as u64)
     }
@@ -230,6 +277,8 @@ impl Context {
         if let Some(oob) = oob {
             dev.attach_oob(DynOob(oob));
         }
+        let frames: Vec<_> = dev.simple_nic_tx_buffers().into_iter().flatten().collect();
+        handle.watch_tx_frames(&frames);
         let inner = Arc::new(Inner {
             dev: ManuallyDrop::new(Mutex::new(dev)),
             epoch,
@@ -238,6 +287,7 @@ impl Context {
             spec,
             kind,
             buffers,
+            tuning,
             handle: ManuallyDrop::new(Mutex::new(handle)),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),

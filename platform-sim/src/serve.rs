@@ -153,6 +153,13 @@ impl ServedCard {
     ) -> io::Result<Self> {
         let file = Arc::new(RegisterFile::new());
         let dma = DmaServer::bind(dma)?;
+        // A driver that exits leaves its rings programmed: the card would go on fetching
+        // them from memory that is gone (errors, then a stale head under the next driver).
+        let rings = Arc::clone(&file);
+        dma.on_driver_gone(move || {
+            rings.reset_rings();
+            log::info!("the driver went away: the card's rings are reset");
+        });
         let csr = CsrServer::bind(csr_port, Arc::clone(&file) as Arc<dyn CsrTarget>)?;
         let ports = ServePorts {
             csr: csr.local_addr().port(),

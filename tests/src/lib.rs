@@ -3,6 +3,7 @@
 //! deterministic byte patterns with a comparison that names the first differing byte.
 #![deny(missing_docs)]
 
+pub mod raw;
 pub mod served;
 
 use std::net::Ipv4Addr;

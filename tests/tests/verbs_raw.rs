@@ -3,67 +3,16 @@
 //! frame whose UDP destination port is not 4791, nic-behaviour.md 2.1 and 5.5). Without a
 //! handler the frames are drained and counted as dropped, so the card keeps receiving.
 
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bluerdma_core::engine::VerbsError;
-use bluerdma_core::wire::ud::{Deth, UdFrame, UdPart, DEFAULT_PKEY, UD_MAX_FRAME, UD_MAX_PAYLOAD};
-use bluerdma_core::wire::MacAddr;
-use bluerdma_linux::Context;
+use bluerdma_core::wire::ud::{UD_MAX_FRAME, UD_MAX_PAYLOAD};
+use bluerdma_tests::raw::{collect_raw as collect, send_raw as send, ud_frame, WAIT};
 use bluerdma_tests::{two_devices, IP0, IP1};
-
-const WAIT: Duration = Duration::from_secs(10);
 
 /// A UD frame from IP0 to IP1 with `len` payload bytes numbered from `seed`.
 fn frame(seed: u8, len: usize) -> Vec<u8> {
-    let f = UdFrame {
-        src_mac: MacAddr([2, 0, 127, 0, 0, 1]),
-        dst_mac: MacAddr::BROADCAST,
-        src_ip: IP0,
-        dst_ip: IP1,
-        udp_src_port: 0xC000,
-        pkey: DEFAULT_PKEY,
-        solicited: false,
-        dst_qpn: 0x80_0001,
-        psn: 0,
-        deth: Deth {
-            qkey: 0x1234,
-            src_qpn: 0x80_0002,
-        },
-        imm: None,
-        part: UdPart::Only,
-    };
-    let mut out = vec![0u8; f.frame_len(len)];
-    let h = f.header_len();
-    for (i, b) in out[h..h + len].iter_mut().enumerate() {
-        *b = seed.wrapping_add(i as u8);
-    }
-    let n = f.emit(&mut out, len).unwrap();
-    out.truncate(n);
-    out
-}
-
-/// Sends, retrying while every TX slot waits for the card.
-fn send(ctx: &Context, f: &[u8]) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match ctx.send_raw(f) {
-            Ok(()) => return,
-            Err(e) if matches!(e.kind, VerbsError::Busy { .. }) && Instant::now() < deadline => {
-                std::thread::yield_now()
-            }
-            Err(e) => panic!("send_raw: {e}"),
-        }
-    }
-}
-
-/// Makes `b`'s raw handler send each frame it gets down a channel.
-fn collect(b: &Context) -> mpsc::Receiver<Vec<u8>> {
-    let (tx, rx) = mpsc::channel::<Vec<u8>>();
-    b.set_raw_handler(Some(Box::new(move |f: &[u8]| {
-        let _ = tx.send(f.to_vec());
-    })));
-    rx
+    ud_frame(IP0, IP1, seed, len)
 }
 
 #[test]

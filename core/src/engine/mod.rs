@@ -72,6 +72,7 @@ pub use mr::{MrSlot, PendingMr};
 pub use qp::{QpAttrs, QpCaps, QpHandle, QpSlot, READ_RESPONSE_ROOM};
 pub use recv_pool::RecvEntry;
 pub use responder::{FIRSTS_TRACKED, LOST_TRACKED, MSG_QUEUE, RX_WORDS};
+pub use retire::TxBacklog;
 pub use storage::{EarlyRecv, QpTimers, Slices, Storage};
 pub use wqe::{Wqe, WqeState};
 pub use wr::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM};
@@ -107,6 +108,8 @@ pub struct Device<P: Platform, S: Storage> {
     raw_seq: [Option<u64>; RAW_SLOTS],
     /// Descriptors pushed on the simple-NIC TX ring so far.
     sn_tx_seq: u64,
+    /// Bytes of the frames those descriptors name.
+    sn_tx_bytes: u64,
     /// Descriptors pushed on the send ring so far (`retire`'s marks count them).
     send_posted: u64,
     /// A consumer takes received simple-NIC frames ([`Device::take_raw_frames`]).
@@ -222,6 +225,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             raw_slots: TxSlots::new(raws, RAW_FRAME_MAX),
             raw_seq: [None; RAW_SLOTS],
             sn_tx_seq: 0,
+            sn_tx_bytes: 0,
             send_posted: 0,
             keep_raw_frames: false,
             key_seq: 0x5A,

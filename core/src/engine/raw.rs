@@ -140,6 +140,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             .map_err(|_| busy)?;
         self.raw_seq[slot] = Some(self.sn_tx_seq);
         self.sn_tx_seq += 1;
+        self.sn_tx_bytes += frame.len() as u64;
         self.stats.raw_sent += 1;
         Ok(())
     }

@@ -288,5 +288,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return;
         }
         self.sn_tx_seq += descs.len() as u64;
+        self.sn_tx_bytes += descs
+            .iter()
+            .map(|d| u64::from(SimpleNicTx::decode(d).len))
+            .sum::<u64>();
     }
 }

@@ -16,6 +16,7 @@
 //! few pipeline stages later, which the driver cannot observe (README, hardware
 //! limitations).
 
+use crate::addr::DeviceAddr;
 use crate::time::Instant;
 
 use super::error::VerbsError;
@@ -25,6 +26,18 @@ use super::{Device, Platform, Storage};
 pub(crate) const DEREG_WAIT: &str = "the send-ring fetch dereg_mr waits for";
 /// What `destroy_qp` waits for.
 pub(crate) const DESTROY_WAIT: &str = "the send-ring fetch destroy_qp waits for";
+
+/// What the card has yet to take from the driver's memory ([`Device::tx_backlog`]). A
+/// driver that goes away keeps its DMA buffers until the card has taken it: after the
+/// tail has passed a simple-NIC descriptor the card still reads the frame it names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxBacklog {
+    /// Descriptors on the send and simple-NIC TX rings the card has not fetched.
+    pub unfetched: u32,
+    /// Bytes of every simple-NIC frame posted so far (driver ACKs and raw frames); the
+    /// card reads each frame once, from [`Device::simple_nic_tx_buffers`].
+    pub simple_nic_bytes: u64,
+}
 
 /// The descriptors posted to the send ring before some moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -89,5 +102,25 @@ impl<P: Platform, S: Storage> Device<P, S> {
             }
             core::hint::spin_loop();
         }
+    }
+}
+
+impl<P: Platform, S: Storage> Device<P, S> {
+    /// Reads the send and simple-NIC TX tails and says what the card has yet to take. A
+    /// tail that reads impossible is logged by the ring and counts as not moved.
+    pub fn tx_backlog(&mut self) -> TxBacklog {
+        let _ = self.send.refresh_tail(&self.regs);
+        let _ = self.sn_tx.refresh_tail(&self.regs);
+        TxBacklog {
+            unfetched: u32::from(self.send.pending()) + u32::from(self.sn_tx.pending()),
+            simple_nic_bytes: self.sn_tx_bytes,
+        }
+    }
+
+    /// The DMA buffers simple-NIC TX frames are sent from (driver ACKs, raw frames): where
+    /// the card reads the bytes [`TxBacklog::simple_nic_bytes`] counts.
+    pub fn simple_nic_tx_buffers(&self) -> [Option<(DeviceAddr, usize)>; 2] {
+        [&self.ack_slots, &self.raw_slots]
+            .map(|s| s.buf.as_ref().map(|b| (b.device_addr(), b.len())))
     }
 }

@@ -237,6 +237,18 @@ pub enum BufferKind {
 pub trait BackendHandle: Send {
     /// The card side's counters, as one line of text (for state dumps).
     fn card_stats(&self) -> String;
+
+    /// Where the engine's simple-NIC TX frames are (device address, length), told once
+    /// after open, for [`BackendHandle::tx_frame_bytes_read`].
+    fn watch_tx_frames(&self, _buffers: &[(DeviceAddr, usize)]) {}
+
+    /// The bytes the card has read from those buffers, where the backend sees every read
+    /// (the RTL DMA client serves them); `None` where it cannot tell (the card reads
+    /// u-dma-buf memory that outlives the process; the emulated card is stopped, and so
+    /// finishes what it fetched, before the buffers go).
+    fn tx_frame_bytes_read(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The card's non-zero register counters (0x400..), read through `regs`.

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bluerdma_core::addr::DeviceAddr;
 use bluerdma_sim::rtl::{CsrClientConfig, DmaClient, DmaClientConfig, RetryPolicy};
 use bluerdma_sim::serve::RtlAttach;
 
@@ -28,6 +29,14 @@ impl BackendHandle for Handle {
             self.dma.stats(),
             register_counters(self.regs.0.as_ref())
         )
+    }
+
+    fn watch_tx_frames(&self, buffers: &[(DeviceAddr, usize)]) {
+        self.dma.watch_reads(buffers);
+    }
+
+    fn tx_frame_bytes_read(&self) -> Option<u64> {
+        Some(self.dma.stats().watched_bytes_read)
     }
 }
 

@@ -37,6 +37,8 @@ pub struct RegisterFile {
     undecoded: AtomicU64,
     last_undecoded: Mutex<Option<UndecodedAccess>>,
     sleepers: AtomicUsize,
+    /// How many times [`RegisterFile::reset_rings`] ran.
+    resets: AtomicU64,
     /// Doorbell generation: bumped by every wake.
     wake_lock: Mutex<u64>,
     wake: Condvar,
@@ -50,6 +52,7 @@ impl Default for RegisterFile {
             undecoded: AtomicU64::new(0),
             last_undecoded: Mutex::new(None),
             sleepers: AtomicUsize::new(0),
+            resets: AtomicU64::new(0),
             wake_lock: Mutex::new(0),
             wake: Condvar::new(),
         }
@@ -120,6 +123,24 @@ impl RegisterFile {
     /// The model updates a ring register it owns (tail of host-to-card, head of card-to-host).
     pub fn set_ring(&self, id: RingId, r: RingReg, value: u32) {
         self.rings[ring_slot(id)][r as usize / 4].store(value & 0x1FFF, Ordering::Release);
+    }
+
+    /// Every ring back to base 0, head and tail 0: what a card looks like before a driver
+    /// programs it (the served card after its driver went away). Nothing is fetched until
+    /// a driver writes a head again.
+    pub fn reset_rings(&self) {
+        for ring in &self.rings {
+            for reg in ring {
+                reg.store(0, Ordering::Release);
+            }
+        }
+        self.resets.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many times the rings were reset: work fetched under an older count belongs to a
+    /// driver that has gone, and is dropped.
+    pub fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Acquire)
     }
 
     /// A ring's base address as programmed by the driver.

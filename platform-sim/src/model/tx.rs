@@ -47,6 +47,8 @@ pub struct TxEngine {
     partial: Vec<RawDesc>,
     frames: Vec<Vec<u8>>,
     payload: Vec<u8>,
+    /// The ring resets (`RegisterFile::resets`) when the descriptors in hand were fetched.
+    fetched_under: u64,
 }
 
 impl TxEngine {
@@ -60,6 +62,26 @@ impl TxEngine {
             partial: Vec::new(),
             frames: Vec::new(),
             payload: Vec::new(),
+            fetched_under: 0,
+        }
+    }
+
+    /// Whether the rings were reset (their driver went away) since the descriptors in hand
+    /// were fetched: they are dropped, and a DMA access of theirs that failed is no error.
+    fn stale(&self) -> bool {
+        self.shared.regs.resets() != self.fetched_under
+    }
+
+    /// Logs a failed DMA access: an error, unless its driver has gone.
+    fn dma_failed(&self, what: &str, e: &dyn core::fmt::Display) {
+        NicStats::bump(&self.shared.stats.dma_faults);
+        if self.stale() {
+            log::info!(
+                "{}: {what} ended: the driver went away ({e})",
+                self.shared.config.name
+            );
+        } else {
+            log::error!("{}: {what} failed: {e}", self.shared.config.name);
         }
     }
 
@@ -111,6 +133,7 @@ impl TxEngine {
 
     fn fetch(&mut self, id: RingId) -> usize {
         self.descs.clear();
+        self.fetched_under = self.shared.regs.resets();
         match rings::fetch(
             &self.shared.regs,
             &mut *self.dma,
@@ -120,8 +143,7 @@ impl TxEngine {
         ) {
             Ok(n) => n,
             Err(e) => {
-                NicStats::bump(&self.shared.stats.dma_faults);
-                log::error!("{}: {id:?} ring fetch failed: {e}", self.shared.config.name);
+                self.dma_failed(&format!("{id:?} ring fetch"), &e);
                 0
             }
         }
@@ -155,7 +177,8 @@ impl TxEngine {
         }
         let descs = std::mem::take(&mut self.descs);
         for d in &descs {
-            if self.shared.frozen() {
+            if self.shared.frozen() || self.stale() {
+                self.partial.clear();
                 break;
             }
             self.partial.push(*d);
@@ -300,8 +323,7 @@ impl TxEngine {
                 });
         }
         if let Some(e) = fault {
-            NicStats::bump(&stats.dma_faults);
-            log::error!("{}: payload read failed: {e}", self.shared.config.name);
+            self.dma_failed("payload read", &e);
             return;
         }
 
@@ -383,6 +405,9 @@ impl TxEngine {
         }
         let descs = std::mem::take(&mut self.descs);
         for d in &descs {
+            if self.stale() {
+                break;
+            }
             let tx = SimpleNicTx::decode(d);
             let len = tx.len as usize;
             if len == 0 || len > MAX_SIMPLE_FRAME {
@@ -399,13 +424,7 @@ impl TxEngine {
                     self.frames.push(frame);
                     NicStats::bump(&self.shared.stats.simple_tx);
                 }
-                Err(e) => {
-                    NicStats::bump(&self.shared.stats.dma_faults);
-                    log::error!(
-                        "{}: simple-NIC frame read failed: {e}",
-                        self.shared.config.name
-                    );
-                }
+                Err(e) => self.dma_failed("simple-NIC frame read", &e),
             }
         }
         self.descs = descs;

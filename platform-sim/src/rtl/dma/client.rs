@@ -55,9 +55,14 @@ pub struct DmaClientStats {
     pub faults: u64,
     /// Lines that were not a valid request, skipped.
     pub malformed_lines: u64,
+    /// Bytes read from the ranges given to [`DmaClient::watch_reads`].
+    pub watched_bytes_read: u64,
     /// Whether the connection is still being served.
     pub running: bool,
 }
+
+/// How many address ranges [`DmaClient::watch_reads`] takes.
+pub const WATCHED_RANGES: usize = 2;
 
 #[derive(Default)]
 struct Counters {
@@ -70,6 +75,27 @@ struct Counters {
     running: AtomicBool,
     /// Set by `shutdown`, so the end of the connection is not reported as the simulator's.
     closing: AtomicBool,
+    /// Address ranges (start, end) whose reads are counted in `watched_read`.
+    watched: [(AtomicU64, AtomicU64); WATCHED_RANGES],
+    watched_read: AtomicU64,
+}
+
+impl Counters {
+    /// Counts the bytes of a read of `len` at `addr` that fall in a watched range.
+    fn note_read(&self, addr: u64, len: u64) {
+        let end = addr.saturating_add(len);
+        let inside: u64 = self
+            .watched
+            .iter()
+            .map(|(s, e)| {
+                let (s, e) = (s.load(Ordering::Relaxed), e.load(Ordering::Relaxed));
+                end.min(e).saturating_sub(addr.max(s))
+            })
+            .sum();
+        if inside > 0 {
+            self.watched_read.fetch_add(inside, Ordering::Release);
+        }
+    }
 }
 
 /// The driver's DMA service for the RTL simulator: a thread that executes the simulator's
@@ -132,7 +158,19 @@ impl DmaClient {
             bytes_read: c.bytes_read.load(Ordering::Relaxed),
             faults: c.faults.load(Ordering::Relaxed),
             malformed_lines: c.malformed_lines.load(Ordering::Relaxed),
+            watched_bytes_read: c.watched_read.load(Ordering::Acquire),
             running: c.running.load(Ordering::Acquire),
+        }
+    }
+
+    /// Counts, from now on, the bytes the card reads inside `ranges` (start, length; at
+    /// most [`WATCHED_RANGES`], the rest ignored) in [`DmaClientStats::watched_bytes_read`]:
+    /// how a driver that closes learns that the card has read the frames it was handed.
+    pub fn watch_reads(&self, ranges: &[(DeviceAddr, usize)]) {
+        for (slot, &(start, len)) in self.counters.watched.iter().zip(ranges) {
+            slot.0.store(start.0, Ordering::Relaxed);
+            slot.1
+                .store(start.0.saturating_add(len as u64), Ordering::Relaxed);
         }
     }
 
@@ -242,6 +280,7 @@ fn execute(
                     counters
                         .bytes_read
                         .fetch_add(length as u64, Ordering::Relaxed);
+                    counters.note_read(request.address, length as u64);
                 }
                 Err(fault) => {
                     counters.faults.fetch_add(1, Ordering::Relaxed);

@@ -291,7 +291,12 @@ struct Shared {
     connected: Condvar,
     stop: AtomicBool,
     counters: Counters,
+    /// Called when the driver's connection ends ([`DmaServer::on_driver_gone`]).
+    on_gone: Mutex<Option<DriverGone>>,
 }
+
+/// What the card does when its driver goes away.
+type DriverGone = Box<dyn Fn() + Send + Sync>;
 
 impl Shared {
     fn state(&self) -> MutexGuard<'_, State> {
@@ -353,9 +358,22 @@ impl Shared {
         let result = op(c, next_read);
         if let Err(e) = &result {
             if e.breaks_connection() {
-                log::error!("DMA server: dropping the driver connection: {e}");
+                if *e == DmaLinkError::Closed {
+                    // A driver that exits closes its connection: not an error of the card.
+                    log::info!("DMA server: the driver closed its connection");
+                } else {
+                    log::error!("DMA server: dropping the driver connection: {e}");
+                }
                 if let Some(c) = conn.take() {
                     let _ = c.writer.get_ref().shutdown(Shutdown::Both);
+                }
+                if let Some(gone) = self
+                    .on_gone
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                {
+                    gone();
                 }
             }
         }
@@ -481,6 +499,17 @@ impl fmt::Debug for DmaServer {
 }
 
 impl DmaServer {
+    /// Calls `gone` each time the driver's connection ends (the served card resets its
+    /// rings: the next driver programs them again, and nothing is fetched in between from
+    /// memory that went away with the old one).
+    pub fn on_driver_gone(&self, gone: impl Fn() + Send + Sync + 'static) {
+        *self
+            .shared
+            .on_gone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Box::new(gone));
+    }
+
     /// Listens for the driver on 127.0.0.1:`config.port`.
     pub fn bind(config: DmaServerConfig) -> io::Result<Self> {
         let listener = bind_loopback(config.port)?;
@@ -494,6 +523,7 @@ impl DmaServer {
             connected: Condvar::new(),
             stop: AtomicBool::new(false),
             counters: Counters::default(),
+            on_gone: Mutex::new(None),
         });
         let accept_shared = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
@@ -603,10 +633,17 @@ fn to_fault(
     is_write: bool,
 ) -> Result<(), DmaFault> {
     result.map_err(|e| {
-        log::error!(
-            "DMA server: access of {len} bytes at {:#x} failed: {e}",
-            addr.0
-        );
+        if e == DmaLinkError::Closed {
+            log::info!(
+                "DMA server: access of {len} bytes at {:#x}: the driver has gone",
+                addr.0
+            );
+        } else {
+            log::error!(
+                "DMA server: access of {len} bytes at {:#x} failed: {e}",
+                addr.0
+            );
+        }
         DmaFault {
             addr,
             len,
