@@ -52,7 +52,7 @@ pub fn open(spec: &DeviceSpec, link: Box<dyn LinkPort>) -> Result<Backend, OpenE
         regs: DynRegs(Arc::new(regs)),
         dma: DynDma(Box::new(dma)),
         mem: DynMem(Box::new(mem)),
-        tuning: Tuning::CARD,
+        tuning: Tuning::EMULATED,
         buffers: BufferKind::Heap,
         handle: Box::new(Handle(nic)),
     })
