@@ -380,7 +380,8 @@ fn a_held_frame_is_released_when_the_port_polls() {
     let start = Instant::now();
     // recv_frames waits no longer than the hold limit (HOLD; not its own 120 s, half of
     // which is the bound), then lets the frame go.
-    a.recv_frames(Duration::from_secs(120), &mut |_| {}).unwrap();
+    a.recv_frames(Duration::from_secs(120), &mut |_| {})
+        .unwrap();
     assert!(
         start.elapsed() < Duration::from_secs(60),
         "{:?}",
@@ -866,7 +867,8 @@ fn a_frame_held_by_the_sender_is_released_when_the_port_polls() {
     let start = Instant::now();
     // The port's wait ends at the sender's hold limit (HOLD), not at its own 120 s, and
     // the frame goes; half the port's wait is the bound.
-    a.recv_frames(Duration::from_secs(120), &mut |_| {}).unwrap();
+    a.recv_frames(Duration::from_secs(120), &mut |_| {})
+        .unwrap();
     assert!(
         start.elapsed() < Duration::from_secs(60),
         "{:?}",
