@@ -33,6 +33,7 @@ const PROGRAMS: &[&str] = &[
     "capacities",
     "wr_api",
     "atomics",
+    "parent_domain",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the

@@ -50,9 +50,10 @@
 //!    - `device`: the devices of this process and the device-list verbs.
 //!    - `context`: an opened device, the engine it starts on its backend, async events.
 //!    - `port`: the device, port, GID and P_Key queries.
-//!    - `device_ex`: ibv_query_device_ex, and the parent and thread domains it refuses.
+//!    - `device_ex`: ibv_query_device_ex, and the thread domains it refuses.
 //! 3. Objects:
 //!    - `pd`: protection domains and their table of registered regions.
+//!    - `parent_domain`: parent domains (a PD with the application's allocators).
 //!    - `mr`: memory regions (and the fork verbs).
 //!    - `channel`: completion channels.
 //!    - `srq`: shared receive queues: the pool, the QPs it feeds, the SRQ verbs.
@@ -105,6 +106,7 @@ mod ah;
 mod channel;
 mod cq;
 mod mr;
+mod parent_domain;
 mod pd;
 mod qp_base;
 mod rc_qp;

@@ -22,6 +22,8 @@ pub(crate) enum Kind {
     Srq,
     Ah,
     Mr,
+    /// A parent domain: before the protection domain it holds.
+    ParentPd,
     Pd,
     Cq,
     Channel,

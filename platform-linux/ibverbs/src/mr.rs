@@ -72,7 +72,7 @@ unsafe fn reg(
     iova: u64,
     access: c_int,
 ) -> Result<*mut IbvMr, c_int> {
-    live::check(Kind::Pd, pd, "reg_mr")?;
+    crate::pd::check(pd, "reg_mr")?;
     // SAFETY: a live PD.
     let p = unsafe { own::<Pd, _>(pd) }.ok_or(libc::EINVAL)?;
     if iova != addr as u64 {

@@ -35,7 +35,7 @@ pub(crate) unsafe fn create_qp(
     attr: *mut IbvQpInitAttr,
     ext: Option<ExtOps>,
 ) -> Result<*mut IbvQp, c_int> {
-    live::check(Kind::Pd, pd, "create_qp")?;
+    crate::pd::check(pd, "create_qp")?;
     // SAFETY: a live PD.
     let (Some(p), false) = ((unsafe { own::<Pd, _>(pd) }), attr.is_null()) else {
         return Err(libc::EINVAL);

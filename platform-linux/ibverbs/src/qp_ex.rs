@@ -106,7 +106,7 @@ unsafe fn create_qp_ex(
         log::error!("create_qp_ex: IBV_QP_INIT_ATTR_PD is required (a QP needs a PD)");
         return Err(libc::EINVAL);
     }
-    live::check(Kind::Pd, a.pd, "create_qp_ex")?;
+    crate::pd::check(a.pd, "create_qp_ex")?;
     // SAFETY: a live PD.
     if unsafe { (*a.pd).context } != ctx {
         log::error!("create_qp_ex: the PD belongs to another context");
