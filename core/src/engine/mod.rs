@@ -40,6 +40,7 @@ mod dump;
 mod error;
 mod events;
 mod mr;
+mod mr_change;
 mod pd;
 mod qp;
 mod ranges;

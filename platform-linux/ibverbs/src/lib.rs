@@ -55,6 +55,7 @@
 //!    - `pd`: protection domains and their table of registered regions.
 //!    - `parent_domain`: parent domains (a PD with the application's allocators).
 //!    - `mr`: memory regions (and the fork verbs).
+//!    - `mw`: memory windows, their binds and invalidations.
 //!    - `channel`: completion channels.
 //!    - `srq`: shared receive queues: the pool, the QPs it feeds, the SRQ verbs.
 //!    - `rc_scatter`: RC receive WRs of several SGEs, through a bounce ring.
@@ -106,6 +107,7 @@ mod ah;
 mod channel;
 mod cq;
 mod mr;
+mod mw;
 mod parent_domain;
 mod pd;
 mod qp_base;

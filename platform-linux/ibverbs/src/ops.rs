@@ -20,11 +20,14 @@ use crate::mr::bv_ibv_dereg_mr;
 use crate::pd::bv_ibv_dealloc_pd;
 use crate::qp::bv_ibv_destroy_qp;
 use crate::srq::bv_ibv_destroy_srq;
-use crate::{cq_ex, device_ex, parent_domain, poll, port, qp, qp_ex, srq_post, ud_rx};
+use crate::{cq_ex, device_ex, mw, parent_domain, poll, port, qp, qp_ex, srq_post, ud_rx};
 
 /// The ibv_context ops every context carries.
 fn context_ops() -> [usize; 32] {
     let mut o = [0usize; 32];
+    o[ops::ALLOC_MW] = mw::op_alloc_mw as *const () as usize;
+    o[ops::BIND_MW] = mw::op_bind_mw as *const () as usize;
+    o[ops::DEALLOC_MW] = mw::op_dealloc_mw as *const () as usize;
     o[ops::POLL_CQ] = poll::op_poll_cq as *const () as usize;
     o[ops::REQ_NOTIFY_CQ] = poll::op_req_notify_cq as *const () as usize;
     o[ops::POST_SEND] = qp::op_post_send as *const () as usize;
@@ -86,6 +89,7 @@ unsafe fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
                 Kind::Qp => bv_ibv_destroy_qp(p.cast()),
                 Kind::Srq => bv_ibv_destroy_srq(p.cast()),
                 Kind::Ah => bv_ibv_destroy_ah(p.cast()),
+                Kind::Mw => mw::op_dealloc_mw(p.cast()),
                 Kind::Mr => bv_ibv_dereg_mr(p.cast()),
                 Kind::ParentPd | Kind::Pd => bv_ibv_dealloc_pd(p.cast()),
                 Kind::Cq => bv_ibv_destroy_cq(p.cast()),
@@ -123,6 +127,7 @@ fn names(objs: &[(Kind, usize)]) -> String {
         Kind::Qp,
         Kind::Srq,
         Kind::Ah,
+        Kind::Mw,
         Kind::Mr,
         Kind::ParentPd,
         Kind::Pd,
