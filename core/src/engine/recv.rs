@@ -196,6 +196,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 OobEvent::RecvWr { from, wr } => self.on_remote_recv(from, wr, now),
                 OobEvent::RecvTooShort { from, rec } => self.on_recv_too_short(from, rec),
                 OobEvent::Atomic { from, msg } => self.on_atomic(from, msg, now),
+                OobEvent::Check { from, msg } => self.on_check(from, msg),
                 OobEvent::PeerLost { peer } => self.on_peer_lost(peer, now),
             }
         }
