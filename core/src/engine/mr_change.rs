@@ -2,7 +2,11 @@
 //! (ibv_rereg_mr: new PD, access or translation under the same key) and memory windows
 //! (a window is an MR-table entry of its own, with its own key, over a subrange of an MR).
 //!
-//! **Re-registration** keeps the key, so a peer holding the rkey keeps using it. A new
+//! **Re-registration** keeps the key, so a peer holding the rkey keeps using it, unless the
+//! PD changes: the card does not check PDs (hardware-contract.md 10), so an MR moved to
+//! another PD takes a new key byte, and what was handed out under the old PD (a receive WR
+//! posted on a QP of it, an rkey a peer of it holds) is refused from then on, as a PD
+//! check would refuse it. A new
 //! translation gets a new page-table range, written completely before the one
 //! UpdateMrTable that switches the entry to it; the old range and pin go after. Work queued
 //! on the MR is retired first and the card must have fetched every descriptor posted
@@ -40,8 +44,9 @@ const WINDOW_ACCESS: AccessFlags = AccessFlags::REMOTE_WRITE
 
 impl<P: Platform, S: Storage> Device<P, S> {
     /// Re-registers the MR of `key` in place with PD `pd`, range `[va, va + len)` and
-    /// `access`; the key stays. Blocks until the card has the new entry. On failure the MR
-    /// is as it was (unless the card stopped answering the table update).
+    /// `access`; returns its key, the same one unless the PD changed (then a new key byte).
+    /// Blocks until the card has the new entry. On failure the MR is as it was (unless the
+    /// card stopped answering the table update).
     pub fn rereg_mr(
         &mut self,
         key: MrKey,
@@ -50,7 +55,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         len: u64,
         access: AccessFlags,
         clock: &mut dyn FnMut() -> Instant,
-    ) -> Result<(), VerbsError> {
+    ) -> Result<MrKey, VerbsError> {
         let old = self.mr_slot(key)?;
         if old.window {
             return Err(VerbsError::NoSuchObject {
@@ -71,13 +76,22 @@ impl<P: Platform, S: Storage> Device<P, S> {
             )
         };
         let same_range = old.va == va.0 && old.len == len;
-        if !same_range {
+        let new_key = if pd == old.pd {
+            key
+        } else {
+            MrKey::new(key.index(), self.next_key())
+                .filter(|k| *k != key)
+                .or_else(|| MrKey::new(key.index(), key.key().wrapping_add(1)))
+                .ok_or(VerbsError::OutOfResources { what: "MR table" })?
+        };
+        if !same_range || new_key != key {
             // Queued requests name addresses of the old translation.
             self.retire_mr_users(key);
         }
         let posted = self.send_mark();
         self.wait_send_fetched(posted, REREG_WAIT, clock)?;
         let mut new = MrSlot {
+            key: new_key,
             va: va.0,
             len,
             access,
@@ -121,7 +135,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.pgt.free(old.pgt_offset, old.pages);
         }
         self.storage.slices().mrs[key.index() as usize] = new;
-        Ok(())
+        Ok(new_key)
     }
 
     /// Writes the page-table entries of `m` (blocking, one staging slot at a time).

@@ -3,9 +3,10 @@
 //!
 //! ibv_rereg_mr changes the MR in place under the same lkey and rkey (the engine's
 //! `rereg_mr`: a new translation's page table is written before the one table update that
-//! switches to it), so a peer holding the rkey keeps it; a failure leaves the MR as it was
-//! (IBV_REREG_MR_ERR_INPUT, errno set). An MR with memory windows bound to it is refused
-//! (EBUSY).
+//! switches to it), so a peer holding the rkey keeps it; with CHANGE_PD the keys change
+//! (the card checks no PD, so the old PD's key must stop working); a failure leaves the MR
+//! as it was (IBV_REREG_MR_ERR_INPUT, errno set). An MR with memory windows bound to it is
+//! refused (EBUSY).
 
 use core::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -296,10 +297,10 @@ unsafe fn rereg(
     // SAFETY: the region is the caller's (CHANGE_TRANSLATION) or the one registered
     // already, valid until ibv_dereg_mr (the verbs contract).
     unsafe { m.mr.rereg(&np.pd, addr as *mut u8, length, flags_new) }.map_err(fail)?;
-    let key = m.ibv.lkey;
+    let (old_key, key) = (m.ibv.lkey, m.mr.key().get());
     // SAFETY: the MR's PD is live (it holds it).
     let old_pd = unsafe { Pd::of(m.ibv.pd) };
-    old_pd.remove_mr(key);
+    old_pd.remove_mr(old_key);
     np.add_mr(key, entry(addr, length, flags_new));
     np.hold();
     old_pd.release();
@@ -307,6 +308,7 @@ unsafe fn rereg(
     m.ibv.pd = new_pd;
     m.ibv.addr = addr;
     m.ibv.length = length;
+    (m.ibv.handle, m.ibv.lkey, m.ibv.rkey) = (key, key, key);
     Ok(())
 }
 

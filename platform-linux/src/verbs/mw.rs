@@ -10,7 +10,8 @@ use super::{err, Context, Error, Mr, Pd};
 
 impl Mr {
     /// Re-registers the region in place on `pd` (a new PD, or this one), over
-    /// `[addr, addr + len)` with `access`; the key stays. On failure it is as it was.
+    /// `[addr, addr + len)` with `access`; the key stays unless the PD changes (see
+    /// [`Mr::key`] after). On failure it is as it was.
     ///
     /// # Safety
     /// As [`Pd::reg_mr`] for the new range: it stays valid until the `Mr` is dropped (or
@@ -32,7 +33,8 @@ impl Mr {
         }
         let ctx = &pd.0.ctx;
         let mut clock = ctx.clock();
-        ctx.lock()
+        self.key = ctx
+            .lock()
             .rereg_mr(
                 self.key,
                 pd.0.pd,
