@@ -34,6 +34,7 @@ const PROGRAMS: &[&str] = &[
     "wr_api",
     "atomics",
     "parent_domain",
+    "mem_windows",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the
