@@ -35,6 +35,7 @@ const PROGRAMS: &[&str] = &[
     "atomics",
     "parent_domain",
     "mem_windows",
+    "uc",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the

@@ -55,7 +55,6 @@
 //!    - `pd`: protection domains and their table of registered regions.
 //!    - `parent_domain`: parent domains (a PD with the application's allocators).
 //!    - `mr`: memory regions (and the fork verbs).
-//!    - `mw`: memory windows, their binds and invalidations.
 //!    - `channel`: completion channels.
 //!    - `srq`: shared receive queues: the pool, the QPs it feeds, the SRQ verbs.
 //!    - `rc_scatter`: RC receive WRs of several SGEs, through a bounce ring.
@@ -63,12 +62,16 @@
 //!    - `qp_base`: what RC and UD QPs share (type, CQs, initial `ibv_qp`).
 //!    - `wr_batch`: a QP's `ibv_qp_ex` part and the requests `ibv_wr_*` build.
 //!    - `rc_rings`: an RC QP's inline and gather rings.
-//!    - `rc_qp`: RC QPs: create, modify, query (the one reader of the engine's QP query).
+//!    - `uc`: UC QPs, carried as RC (the card reports no UC packet).
+//!    - `rc_qp`: RC and UC QPs: create, modify, query (the one reader of the engine's QP
+//!      query).
 //!    - `ah`: address handles.
 //!    - `ud_reassembly`: UD datagrams of several frames put back together.
 //!    - `ud_rx`: the UD receive side: the per-engine frame dispatcher, a QP's receive queue.
 //!    - `ud_qp`: UD QPs: create, modify, query.
 //! 4. The post and poll paths:
+//!    - `mw`: memory windows, their binds and invalidations (local operations of the RC
+//!      send queue).
 //!    - `rc_post`: ibv_post_send (split, gathered, inline) and ibv_post_recv on RC QPs.
 //!    - `srq_post`: ibv_post_srq_recv.
 //!    - `ud_post`: ibv_post_send (one datagram each) and ibv_post_recv on UD QPs.
@@ -115,6 +118,7 @@ mod rc_qp;
 mod rc_rings;
 mod rc_scatter;
 mod srq;
+mod uc;
 mod ud_qp;
 mod ud_reassembly;
 mod ud_rx;

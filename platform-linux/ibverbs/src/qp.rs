@@ -51,10 +51,10 @@ pub(crate) unsafe fn create_qp(
     let qp = match a.qp_type {
         // SAFETY: `p` is `pd`; the CQs (and SRQ) are live objects of this library.
         IBV_QPT_UD => unsafe { ud_qp::create(p, pd, a, ext) }?,
-        // SAFETY: as above.
-        IBV_QPT_RC => unsafe { rc_qp::create(p, pd, a, ext) }?,
+        // SAFETY: as above. A UC QP is an RC QP with UC's interface (uc.rs).
+        IBV_QPT_RC | IBV_QPT_UC => unsafe { rc_qp::create(p, pd, a, ext) }?,
         other => {
-            log::error!("create_qp: QP type {other} is not supported (RC and UD only)");
+            log::error!("create_qp: QP type {other} is not supported (RC, UC and UD only)");
             return Err(libc::EOPNOTSUPP);
         }
     };

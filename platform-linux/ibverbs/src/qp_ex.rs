@@ -36,6 +36,11 @@ const RC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_LOCAL_INV
     | IBV_QP_EX_WITH_BIND_MW;
 const UD_OPS: u64 = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+/// UC QPs (`uc.rs`): no READ, no atomics.
+const UC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM;
 
 /// The names of the send operations, by bit.
 const OP_NAMES: &[(u64, &str)] = &[
@@ -141,6 +146,7 @@ unsafe fn create_qp_ex(
 fn ext_ops(qp_type: u32, flags: u64) -> Result<ExtOps, c_int> {
     let have = match qp_type {
         IBV_QPT_RC => RC_OPS,
+        IBV_QPT_UC => UC_OPS,
         IBV_QPT_UD => UD_OPS,
         // ibv_create_qp names the type it refuses.
         _ => flags,
@@ -154,7 +160,8 @@ fn ext_ops(qp_type: u32, flags: u64) -> Result<ExtOps, c_int> {
         log::error!(
             "create_qp_ex: send_ops_flags {flags:#x} ask for {} which this device does not \
              support{} (RC QPs: RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM], RDMA_READ, \
-             ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD; UD QPs: SEND[_WITH_IMM])",
+             ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD, BIND_MW, LOCAL_INV; UC QPs: \
+             RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM]; UD QPs: SEND[_WITH_IMM])",
             if missing.is_empty() {
                 "operations".to_string()
             } else {

@@ -46,6 +46,13 @@ unsafe fn expand(
     // SAFETY: a QP's PD lives as long as the QP.
     let pd = unsafe { Pd::of(q.ibv.pd) };
     // Everything that can refuse the request comes before a buffer is taken.
+    if crate::uc::is_uc(&q.ibv) && crate::uc::refuses(wr.opcode) {
+        log::error!(
+            "post_send: a UC QP has no RDMA READ or atomics (opcode {})",
+            wr.opcode
+        );
+        return Err(libc::EINVAL);
+    }
     let imm = u32::from_be(wr.imm_data);
     let op = match wr.opcode {
         IBV_WR_RDMA_WRITE => SendOp::Write,
