@@ -69,6 +69,7 @@
 //!    - `ud_reassembly`: UD datagrams of several frames put back together.
 //!    - `ud_rx`: the UD receive side: the per-engine frame dispatcher, a QP's receive queue.
 //!    - `ud_qp`: UD QPs: create, modify, query.
+//!    - `raw_qp`: raw packet QPs: whole Ethernet frames through the simple NIC.
 //! 4. The post and poll paths:
 //!    - `mw`: memory windows, their binds and invalidations (local operations of the RC
 //!      send queue).
@@ -114,6 +115,7 @@ mod mw;
 mod parent_domain;
 mod pd;
 mod qp_base;
+mod raw_qp;
 mod rc_qp;
 mod rc_rings;
 mod rc_scatter;

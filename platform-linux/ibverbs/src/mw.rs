@@ -38,6 +38,7 @@ use crate::live::{self, Kind};
 use crate::mr::Mr;
 use crate::pd::Pd;
 use crate::qp_base::is_ud;
+use crate::raw_qp::is_raw;
 use crate::rc_qp::Qp;
 use crate::rc_rings::PostState;
 
@@ -177,7 +178,7 @@ pub(crate) unsafe extern "C" fn op_bind_mw(
         return errno_rc(libc::EINVAL);
     }
     // SAFETY: the caller passes a live QP.
-    if live::check(Kind::Qp, qp, "bind_mw").is_err() || unsafe { is_ud(qp) } {
+    if live::check(Kind::Qp, qp, "bind_mw").is_err() || unsafe { is_ud(qp) || is_raw(qp) } {
         log::error!("bind_mw: windows are bound on RC QPs");
         return errno_rc(libc::EINVAL);
     }

@@ -14,6 +14,7 @@ use crate::handle::{free, own};
 use crate::live::{self, Kind};
 use crate::pd::Pd;
 use crate::qp_base::is_ud;
+use crate::raw_qp::{self, is_raw, IBV_QPT_RAW_PACKET};
 use crate::rc_qp::{self, Qp};
 use crate::ud_qp;
 use crate::wr_batch::{ExtOps, QpExt};
@@ -53,8 +54,12 @@ pub(crate) unsafe fn create_qp(
         IBV_QPT_UD => unsafe { ud_qp::create(p, pd, a, ext) }?,
         // SAFETY: as above. A UC QP is an RC QP with UC's interface (uc.rs).
         IBV_QPT_RC | IBV_QPT_UC => unsafe { rc_qp::create(p, pd, a, ext) }?,
+        // SAFETY: as above.
+        IBV_QPT_RAW_PACKET => unsafe { raw_qp::create(p, pd, a, ext) }?,
         other => {
-            log::error!("create_qp: QP type {other} is not supported (RC, UC and UD only)");
+            log::error!(
+                "create_qp: QP type {other} is not supported (RC, UC, UD and raw packet only)"
+            );
             return Err(libc::EOPNOTSUPP);
         }
     };
@@ -87,6 +92,9 @@ unsafe fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     let rc = if unsafe { is_ud(qp) } {
         // SAFETY: a UD QP the caller gives up.
         unsafe { ud_qp::destroy(qp) }
+    } else if unsafe { is_raw(qp) } {
+        // SAFETY: a raw packet QP the caller gives up.
+        unsafe { raw_qp::destroy(qp) }
     } else {
         // SAFETY: made by ibv_create_qp; the caller gives it up.
         unsafe { free::<Qp, _>(qp) }
@@ -125,6 +133,9 @@ unsafe fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_
     if unsafe { is_ud(qp) } {
         // SAFETY: as above.
         unsafe { ud_qp::modify(qp, a, mask) }
+    } else if unsafe { is_raw(qp) } {
+        // SAFETY: as above.
+        unsafe { raw_qp::modify(qp, a, mask) }
     } else {
         // SAFETY: as above.
         unsafe { rc_qp::modify(qp, a, mask) }
@@ -159,6 +170,9 @@ unsafe fn ibv_query_qp(
     if unsafe { is_ud(qp) } {
         // SAFETY: as above; both structures are writable.
         unsafe { ud_qp::query(qp, attr, init) }
+    } else if unsafe { is_raw(qp) } {
+        // SAFETY: as above.
+        unsafe { raw_qp::query(qp, attr, init) }
     } else {
         // SAFETY: as above.
         unsafe { rc_qp::query(qp, attr, init) }
@@ -205,6 +219,9 @@ pub(crate) unsafe extern "C" fn op_post_send(
     if unsafe { is_ud(qp) } {
         // SAFETY: the caller's contract.
         unsafe { ud_post::post_send(qp, wr, bad) }
+    } else if unsafe { is_raw(qp) } {
+        // SAFETY: the caller's contract.
+        unsafe { raw_qp::post_send(qp, wr, bad) }
     } else {
         // SAFETY: the caller's contract.
         unsafe { rc_post::post_send(qp, wr, bad) }
@@ -224,6 +241,9 @@ pub(crate) unsafe extern "C" fn op_post_recv(
     if unsafe { is_ud(qp) } {
         // SAFETY: the caller's contract.
         unsafe { ud_post::post_recv(qp, wr, bad) }
+    } else if unsafe { is_raw(qp) } {
+        // SAFETY: the caller's contract.
+        unsafe { raw_qp::post_recv(qp, wr, bad) }
     } else {
         // SAFETY: the caller's contract.
         unsafe { rc_post::post_recv(qp, wr, bad) }

@@ -147,6 +147,7 @@ fn ext_ops(qp_type: u32, flags: u64) -> Result<ExtOps, c_int> {
     let have = match qp_type {
         IBV_QPT_RC => RC_OPS,
         IBV_QPT_UC => UC_OPS,
+        crate::raw_qp::IBV_QPT_RAW_PACKET => IBV_QP_EX_WITH_SEND,
         IBV_QPT_UD => UD_OPS,
         // ibv_create_qp names the type it refuses.
         _ => flags,
