@@ -36,6 +36,7 @@ const PROGRAMS: &[&str] = &[
     "parent_domain",
     "mem_windows",
     "uc",
+    "raw_qp",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the
