@@ -153,12 +153,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             .ok_or(VerbsError::Busy {
                 what: "MR registrations in progress",
             })?;
-        let index = {
-            let s = self.storage.slices();
-            let n = s.mrs.len().min(MR_TABLE_LEN as usize);
-            (1..n).find(|&i| s.mrs[i].state == MrState::Free)
-        }
-        .ok_or(VerbsError::OutOfResources { what: "MR table" })? as u32;
+        let index = self.free_mr_index()?;
         let pages = self.cfg.page_size.pages_spanned(va.0, len) as u32;
         let pgt_offset = self
             .pgt
@@ -406,6 +401,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.complete_head(i);
             }
         }
+    }
+
+    /// A free MR-table index (index 0 is the card's "no MR").
+    pub(super) fn free_mr_index(&mut self) -> Result<u32, VerbsError> {
+        let s = self.storage.slices();
+        let n = s.mrs.len().min(MR_TABLE_LEN as usize);
+        (1..n)
+            .find(|&i| s.mrs[i].state == MrState::Free)
+            .map(|i| i as u32)
+            .ok_or(VerbsError::OutOfResources { what: "MR table" })
     }
 
     /// The valid MR of `key`.

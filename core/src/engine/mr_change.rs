@@ -23,7 +23,7 @@
 
 use crate::addr::VirtAddr;
 use crate::desc::AccessFlags;
-use crate::keys::{MrKey, MR_TABLE_LEN};
+use crate::keys::MrKey;
 use crate::platform::MemoryResolver;
 use crate::time::Instant;
 
@@ -183,12 +183,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// (the card has no entry for it).
     pub fn alloc_mw(&mut self, pd: u32) -> Result<MrKey, VerbsError> {
         self.check_pd(pd)?;
-        let index = {
-            let s = self.storage.slices();
-            let n = s.mrs.len().min(MR_TABLE_LEN as usize);
-            (1..n).find(|&i| s.mrs[i].state == MrState::Free)
-        }
-        .ok_or(VerbsError::OutOfResources { what: "MR table" })? as u32;
+        let index = self.free_mr_index()?;
         let key = MrKey::new(index, self.next_key())
             .ok_or(VerbsError::OutOfResources { what: "MR table" })?;
         self.storage.slices().mrs[index as usize] = MrSlot {

@@ -29,7 +29,7 @@ use crate::caps::{MAX_QP_WR, MAX_SGE};
 use crate::errors::{fail, set_bad};
 use crate::handle::{free, own};
 use crate::pd::Pd;
-use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
+use crate::qp_base::{check_attrs, init_attr_of, new_ibv_qp, qp_cqs};
 use crate::sge;
 use crate::wr_batch::{ExtOps, QpExt};
 
@@ -170,16 +170,8 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         }
     };
     let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
-    if !required.difference(given).is_empty() || !given.difference(allowed).is_empty() {
-        log::error!(
-            "modify_qp (raw packet): {cur:?} -> {to:?} takes {allowed:?} (requires \
-             {required:?}), got {given:?}"
-        );
-        return libc::EINVAL;
-    }
-    if given.contains(QpAttrMask::PORT) && a.port_num != 1 {
-        log::error!("modify_qp (raw packet): port {} does not exist", a.port_num);
-        return libc::EINVAL;
+    if let Err(e) = check_attrs("raw packet", (cur, to), a, given, (allowed, required)) {
+        return e;
     }
     st.0 = to;
     match to {
