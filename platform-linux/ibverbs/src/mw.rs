@@ -273,7 +273,7 @@ pub(crate) unsafe fn post_local(q: &Qp, st: &mut PostState, wr: &IbvSendWr) -> R
     let r = if w.ibv.mw_type != TYPE_2 {
         log::error!("post_send(BIND_MW): a type 1 window is bound with ibv_bind_mw");
         Err(libc::EINVAL)
-    } else if w.ibv.pd != q.ibv.pd {
+    } else if !same_pd(w.ibv.pd, q.ibv.pd) {
         log::error!("post_send(BIND_MW): the window is on another PD than the QP");
         Err(libc::EPERM)
     } else {
@@ -286,6 +286,13 @@ pub(crate) unsafe fn post_local(q: &Qp, st: &mut PostState, wr: &IbvSendWr) -> R
     }
     local_done(q, st, wr.wr_id, signaled, WcOpcode::BindMw, r);
     Ok(())
+}
+
+/// Whether two PDs (protection or parent domains) are the same protection domain.
+fn same_pd(a: *mut IbvPd, b: *mut IbvPd) -> bool {
+    // SAFETY: a window's and a QP's PDs outlive them (they are held).
+    let (a, b) = unsafe { (Pd::of(a), Pd::of(b)) };
+    std::sync::Arc::ptr_eq(&a.engine, &b.engine) && a.pd.handle() == b.pd.handle()
 }
 
 /// IBV_WR_LOCAL_INV of `key` on `q`'s device: the window bound under it is invalidated.

@@ -89,10 +89,11 @@ unsafe fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     // SAFETY: a live QP (just checked): what it holds, read before it goes.
     let (pd, scq, rcq) = unsafe { ((*qp).pd, (*qp).send_cq, (*qp).recv_cq) };
     // SAFETY: a live QP.
-    let rc = if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    let rc = if ud {
         // SAFETY: a UD QP the caller gives up.
         unsafe { ud_qp::destroy(qp) }
-    } else if unsafe { is_raw(qp) } {
+    } else if raw {
         // SAFETY: a raw packet QP the caller gives up.
         unsafe { raw_qp::destroy(qp) }
     } else {
@@ -130,10 +131,11 @@ unsafe fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_
     let a = unsafe { &*attr };
     let mask = QpAttrMask::from_bits_truncate(mask as u32);
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: as above.
         unsafe { ud_qp::modify(qp, a, mask) }
-    } else if unsafe { is_raw(qp) } {
+    } else if raw {
         // SAFETY: as above.
         unsafe { raw_qp::modify(qp, a, mask) }
     } else {
@@ -167,10 +169,11 @@ unsafe fn ibv_query_qp(
         return libc::EINVAL;
     }
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: as above; both structures are writable.
         unsafe { ud_qp::query(qp, attr, init) }
-    } else if unsafe { is_raw(qp) } {
+    } else if raw {
         // SAFETY: as above.
         unsafe { raw_qp::query(qp, attr, init) }
     } else {
@@ -216,10 +219,11 @@ pub(crate) unsafe extern "C" fn op_post_send(
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: the caller's contract.
         unsafe { ud_post::post_send(qp, wr, bad) }
-    } else if unsafe { is_raw(qp) } {
+    } else if raw {
         // SAFETY: the caller's contract.
         unsafe { raw_qp::post_send(qp, wr, bad) }
     } else {
@@ -238,10 +242,11 @@ pub(crate) unsafe extern "C" fn op_post_recv(
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: the caller's contract.
         unsafe { ud_post::post_recv(qp, wr, bad) }
-    } else if unsafe { is_raw(qp) } {
+    } else if raw {
         // SAFETY: the caller's contract.
         unsafe { raw_qp::post_recv(qp, wr, bad) }
     } else {

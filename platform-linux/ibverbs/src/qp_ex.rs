@@ -403,9 +403,8 @@ unsafe extern "C" fn wr_bind_mw(
 ) {
     let verb = "ibv_wr_bind_mw";
     // SAFETY: as wr_start.
-    if info.is_null()
-        || unsafe { QpExt::of(qp) }.send_ops.unwrap_or(0) & IBV_QP_EX_WITH_BIND_MW == 0
-    {
+    let ops = unsafe { QpExt::of(qp) }.send_ops.unwrap_or(0);
+    if info.is_null() || ops & IBV_QP_EX_WITH_BIND_MW == 0 {
         // SAFETY: as wr_start.
         return unsafe { lacks(qp, verb) };
     }
