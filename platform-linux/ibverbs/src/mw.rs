@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use bluerdma_core::desc::AccessFlags;
 use bluerdma_core::engine::{WcOpcode, WcStatus, WorkCompletion};
 use bluerdma_core::keys::MrKey;
-use bluerdma_core::qp::QpState;
+use bluerdma_core::qp::{QpAttrMask, QpState};
 use bluerdma_linux::verbs::Mw as VMw;
 
 use crate::abi::*;
@@ -368,8 +368,8 @@ fn local_done(
         let mut attr: IbvQpAttr = unsafe { core::mem::zeroed() };
         attr.qp_state = QpState::Err.to_ibv();
         let qp = &q.ibv as *const IbvQp as *mut IbvQp;
-        // SAFETY: a live QP of this library; IBV_QP_STATE (1) with a valid attribute.
-        let rc = unsafe { crate::qp::bv_ibv_modify_qp(qp, &mut attr, 1) };
+        // SAFETY: a live RC QP of this library, with a valid attribute.
+        let rc = unsafe { crate::rc_qp::modify(qp, &attr, QpAttrMask::STATE) };
         if rc != 0 {
             log::error!("QP {:#x}: to ERR after a refused bind: {rc}", q.ibv.qp_num);
         }

@@ -30,7 +30,7 @@ use crate::abi::*;
 use crate::errors::{fail, or_null};
 use crate::handle::own;
 use crate::live::{self, Kind};
-use crate::pd::Pd;
+use crate::pd::{AllocFn, FreeFn, Parent, Pd};
 
 /// `resource_type` of the buffers this library asks a parent domain's allocator for: an RC
 /// QP's send-side rings. The upper 32 bits (a provider's driver id in rdma-core) are 0.
@@ -44,9 +44,6 @@ const ATTR_PD_CONTEXT: u32 = 1 << 1;
 const USE_DEFAULT: usize = usize::MAX;
 /// The alignment asked of the allocator (a page: what the library's own buffers have).
 const RING_ALIGN: usize = 4096;
-
-type AllocFn = unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, usize, u64) -> *mut c_void;
-type FreeFn = unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64);
 
 /// `struct ibv_parent_domain_init_attr`.
 #[repr(C)]
@@ -65,22 +62,6 @@ const _: () = {
     assert!(offset_of!(IbvParentDomainInitAttr, alloc) == 24);
     assert!(offset_of!(IbvParentDomainInitAttr, pd_context) == 40);
 };
-
-/// What makes a [`Pd`] a parent domain. Pointers are kept as addresses (the library's
-/// objects are shared between threads; these are only handed back to the application).
-pub(crate) struct Parent {
-    /// The protection domain (held: it cannot be deallocated first).
-    pub protection: *mut IbvPd,
-    alloc: Option<(AllocFn, FreeFn)>,
-    pd_context: usize,
-}
-
-// SAFETY: `protection` is a live PD for as long as the parent exists (it is held), and PDs
-// are used from any thread; the allocators are the application's, which rdma-core calls
-// from whichever thread creates a resource.
-unsafe impl Send for Parent {}
-// SAFETY: as above; nothing in `Parent` changes after creation.
-unsafe impl Sync for Parent {}
 
 /// `verbs_context.alloc_parent_domain`.
 ///

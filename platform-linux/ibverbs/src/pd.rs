@@ -3,7 +3,7 @@
 //! bytes. A parent domain (`parent_domain.rs`) is a [`Pd`] too, sharing its protection
 //! domain's engine PD and MR table, so every verb that takes a PD takes either.
 
-use core::ffi::c_int;
+use core::ffi::{c_int, c_void};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,27 @@ use crate::context::Ctx;
 use crate::errors::{errno_rc, fail, or_null};
 use crate::handle::free;
 use crate::live::{self, Kind};
-use crate::parent_domain::Parent;
+
+/// A parent domain's allocator and free function (`ibv_parent_domain_init_attr`).
+pub(crate) type AllocFn =
+    unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, usize, u64) -> *mut c_void;
+pub(crate) type FreeFn = unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64);
+
+/// What makes a [`Pd`] a parent domain (`parent_domain.rs`). Pointers are kept as addresses (the library's
+/// objects are shared between threads; these are only handed back to the application).
+pub(crate) struct Parent {
+    /// The protection domain (held: it cannot be deallocated first).
+    pub protection: *mut IbvPd,
+    pub alloc: Option<(AllocFn, FreeFn)>,
+    pub pd_context: usize,
+}
+
+// SAFETY: `protection` is a live PD for as long as the parent exists (it is held), and PDs
+// are used from any thread; the allocators are the application's, which rdma-core calls
+// from whichever thread creates a resource.
+unsafe impl Send for Parent {}
+// SAFETY: as above; nothing in `Parent` changes after creation.
+unsafe impl Sync for Parent {}
 
 #[repr(C)]
 pub(crate) struct Pd {
