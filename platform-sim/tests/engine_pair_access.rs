@@ -120,3 +120,103 @@ fn without_checks_a_refused_write_still_ends_in_retry_exceeded() {
     assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RetryExcErr));
     assert_eq!(p.stats(A).access_refused, 0);
 }
+
+/// Both QPs of `c` through RESET and up again (after an error put one in ERR).
+fn restart(p: &mut bluerdma_sim::pair::Pair, c: &bluerdma_sim::pair::Conn) {
+    for side in [A, B] {
+        p.set_state(side, c.qp(side), QpState::Reset).unwrap();
+    }
+    for side in [A, B] {
+        p.bring_up(side, c.qp(side), c.qp(side.peer()), &quick())
+            .unwrap();
+    }
+}
+
+/// A WRITE of `len` bytes from `src` to `raddr`/`rkey`, and its completion status.
+fn write_status(
+    p: &mut bluerdma_sim::pair::Pair,
+    c: &bluerdma_sim::pair::Conn,
+    src: &bluerdma_sim::pair::Mr,
+    raddr: u64,
+    rkey: MrKey,
+    len: usize,
+) -> WcStatus {
+    let mut wr = write(21, src, 0, src, 0, len);
+    wr.raddr = bluerdma_sim::core::addr::VirtAddr(raddr);
+    wr.rkey = rkey;
+    post(p, c, A, &[wr]);
+    send_wcs(p, c, A, 1, ms(100))[0].status
+}
+
+#[test]
+fn a_window_admits_writes_inside_it_and_refuses_them_outside_and_once_invalidated() {
+    let (mut p, c) = checking();
+    let src = filled(&mut p, &c, A, 4096, 4);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+    let target = p.reg_mr(B, c.pd[1], 8192, access).expect("reg_mr");
+    let mw = p.alloc_mw(B, c.pd[1]).expect("alloc_mw");
+    let key = MrKey::new(mw.index(), mw.key().wrapping_add(1)).unwrap();
+    // The MR itself grants no remote access: only the window does.
+    assert_eq!(
+        write_status(&mut p, &c, &src, target.va, target.key, 64),
+        WcStatus::RemAccessErr
+    );
+    restart(&mut p, &c);
+    p.bind_mw(mw, key, &target, (1000, 3000), AccessFlags::REMOTE_WRITE)
+        .expect("bind_mw");
+    let at = target.va + 1000;
+    assert_eq!(
+        write_status(&mut p, &c, &src, at, key, 3000),
+        WcStatus::Success
+    );
+    let bytes = p.bytes(&target).to_vec();
+    assert_eq!(&bytes[1000..4000], &pattern(4096, 4)[..3000]);
+    assert!(bytes[..1000].iter().chain(&bytes[4000..]).all(|&b| b == 0));
+    // One byte past the window's end.
+    assert_eq!(
+        write_status(&mut p, &c, &src, at + 1, key, 3000),
+        WcStatus::RemAccessErr
+    );
+    restart(&mut p, &c);
+    p.invalidate_mw(B, key).expect("invalidate_mw");
+    assert_eq!(
+        write_status(&mut p, &c, &src, at, key, 8),
+        WcStatus::RemAccessErr
+    );
+    assert!(
+        p.invalidate_mw(B, key).is_err(),
+        "an unbound window cannot be invalidated"
+    );
+}
+
+#[test]
+fn rereg_keeps_the_key_for_new_access_and_changes_it_for_a_new_pd() {
+    let (mut p, c) = checking();
+    let src = filled(&mut p, &c, A, 4096, 5);
+    let mut target = p
+        .reg_mr(B, c.pd[1], 4096, AccessFlags::LOCAL_WRITE)
+        .expect("reg_mr");
+    let key = target.key;
+    assert_eq!(
+        write_status(&mut p, &c, &src, target.va, key, 100),
+        WcStatus::RemAccessErr
+    );
+    restart(&mut p, &c);
+    let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    p.rereg_mr(&mut target, c.pd[1], rw).expect("rereg access");
+    assert_eq!(target.key, key, "new access, same key");
+    assert_eq!(
+        write_status(&mut p, &c, &src, target.va, key, 100),
+        WcStatus::Success
+    );
+    assert_eq!(&p.bytes(&target)[..100], &pattern(4096, 5)[..100]);
+    let other = p.engine(B).alloc_pd().expect("alloc_pd");
+    p.rereg_mr(&mut target, other, rw).expect("rereg PD");
+    assert_ne!(target.key, key, "a new PD, a new key");
+    assert_eq!(target.key.index(), key.index());
+    assert_eq!(
+        write_status(&mut p, &c, &src, target.va, key, 100),
+        WcStatus::RemAccessErr,
+        "the old PD's key is refused"
+    );
+}
