@@ -165,11 +165,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         self.stats.access_refused += 1;
         core_warn!(
-            "QP {:#x}: {} refused the request at PSN {:#x} ({:?}): the card dropped it",
+            "QP {:#x}: {} refused the request at PSN {:#x} (status {}): the card dropped it",
             self.qp(i).attrs.qpn.get(),
             from,
             v.psn,
-            status
+            status as u32
         );
         self.fail_qp(i, status);
     }
