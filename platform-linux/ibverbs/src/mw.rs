@@ -20,7 +20,7 @@
 
 use core::ffi::c_int;
 use core::mem::{offset_of, size_of};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -93,6 +93,9 @@ const _: () = assert!(offset_of!(IbvMwBind, bind_info) == 16);
 #[repr(C)]
 struct Mw {
     ibv: IbvMw,
+    /// The key it is bound (or was allocated) under, readable without `mw`'s lock (what a
+    /// local invalidation looks for while it holds the object table).
+    key: AtomicU32,
     mw: Mutex<MwState>,
 }
 
@@ -141,6 +144,7 @@ unsafe fn alloc_mw(pd: *mut IbvPd, mw_type: u32) -> Result<*mut IbvMw, c_int> {
             mw_type,
             _pad: 0,
         },
+        key: AtomicU32::new(key),
         mw: Mutex::new(MwState { mw, bound: None }),
     });
     p.hold();
@@ -236,6 +240,7 @@ unsafe fn bind(w: &Mw, rkey: u32, info: &IbvMwBindInfo) -> Result<(), c_int> {
     st.unbound();
     m.windows.fetch_add(1, Ordering::AcqRel);
     st.bound = Some(info.mr as usize);
+    w.key.store(rkey, Ordering::Release);
     Ok(())
 }
 
@@ -297,16 +302,14 @@ fn same_pd(a: *mut IbvPd, b: *mut IbvPd) -> bool {
 
 /// IBV_WR_LOCAL_INV of `key` on `q`'s device: the window bound under it is invalidated.
 fn invalidate(q: &Qp, key: MrKey) -> Result<(), c_int> {
-    let mut found = None;
-    for (p, e) in live::lock().iter() {
-        if e.kind == Kind::Mw && e.ctx == q.ibv.context as usize {
-            // SAFETY: a live window.
-            let w = unsafe { &*(p as *const Mw) };
-            if w.mw.lock().unwrap_or_else(|e| e.into_inner()).mw.key() == key {
-                found = Some(p);
-            }
-        }
-    }
+    // Found under the object table's lock (no window is freed meanwhile), reading only
+    // the windows' atomic keys (a bind holds its window's lock, then takes the table's).
+    let found = live::lock().iter().find_map(|(p, e)| {
+        let mine = e.kind == Kind::Mw && e.ctx == q.ibv.context as usize;
+        // SAFETY: a live window (the table is locked).
+        (mine && unsafe { &*(p as *const Mw) }.key.load(Ordering::Acquire) == key.get())
+            .then_some(p)
+    });
     let Some(p) = found else {
         log::error!(
             "local invalidation of {:#x}: no window of this context has it",
