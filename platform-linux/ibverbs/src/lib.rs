@@ -16,6 +16,10 @@
 //!   (with immediate); atomic compare-and-swap and fetch-and-add (IBV_ATOMIC_HCA: executed
 //!   by the responder's driver); completion channels; shared receive queues; UD QPs and address
 //!   handles (datagrams of up to 1978 bytes through the simple NIC).
+//! - Parent domains (`parent_domain`), ibv_rereg_mr in place (`mr`), memory windows of
+//!   type 1 and 2 (`mw`), UC QPs carried as RC (`uc`), raw packet QPs on the simple NIC
+//!   (`raw_qp`); remote access errors the card does not report come from the engine's
+//!   access checks (REM_ACCESS_ERR, REM_OP_ERR after one timeout).
 //! - The extended verbs: ibv_create_qp_ex with the `ibv_wr_*` post API (the same post path
 //!   as ibv_post_send), ibv_create_cq_ex with ibv_start_poll / ibv_next_poll /
 //!   ibv_end_poll and the standard `ibv_wc_read_*` fields, ibv_query_device_ex (no ODP,
