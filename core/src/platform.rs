@@ -9,7 +9,7 @@ use core::net::Ipv4Addr;
 use core::ptr::NonNull;
 
 use crate::addr::{DeviceAddr, PageSize, VirtAddr};
-use crate::oob::{AtomicMessage, AtomicOp, RecvTooShort, RecvWr};
+use crate::oob::{AtomicMessage, AtomicOp, CheckMessage, RecvTooShort, RecvWr};
 use crate::regs::Reg;
 
 /// What a platform operation can fail with. Small and `Copy` so it travels through the
@@ -350,6 +350,14 @@ pub enum OobEvent {
         /// The request or reply.
         msg: AtomicMessage,
     },
+    /// An access check from the driver at `from` (the responder answers it), or the
+    /// verdict on one of ours.
+    Check {
+        /// IP address of the other device (the connection's source).
+        from: Ipv4Addr,
+        /// The check or verdict.
+        msg: CheckMessage,
+    },
     /// The connection to `peer` broke; QPs that depend on it must go to the error state.
     PeerLost {
         /// The peer's IP address.
@@ -371,6 +379,14 @@ pub trait OobTransport {
     /// answers it with an [`OobEvent::Atomic`] reply of status unsupported. May return
     /// [`PlatformError::WouldBlock`].
     fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError>;
+    /// Queues an access check or verdict for the device at `peer`; to a peer whose hello
+    /// lacks [`crate::oob::Capabilities::ACCESS_CHECKS`] nothing is sent (the check is
+    /// simply not answered). A transport without it refuses ([`PlatformError::Unsupported`],
+    /// the default): the requester then waits out its retries as before.
+    fn send_check(&mut self, peer: Ipv4Addr, msg: &CheckMessage) -> Result<(), PlatformError> {
+        let _ = (peer, msg);
+        Err(PlatformError::Unsupported)
+    }
     /// Takes the next event, if any. Never blocks.
     fn poll(&mut self) -> Option<OobEvent>;
 }

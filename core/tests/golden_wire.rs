@@ -9,8 +9,9 @@ use core::net::Ipv4Addr;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::oob::{
-    AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities, Hello, OobDecoder, OobError,
-    OobMessage, Proof, Record, RecvTooShort, RecvWr,
+    AccessCheck, AccessVerdict, AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities,
+    CheckMessage, CheckOp, CheckVerdict, Hello, OobDecoder, OobError, OobMessage, Proof, Record,
+    RecvTooShort, RecvWr,
 };
 use bluerdma_core::wire::ipv4::ipv4_checksum;
 use bluerdma_core::wire::packet::udp_src_port_for;
@@ -404,9 +405,22 @@ const ATOMIC_REPLY_RECORD: &str = "
     0a 0b 0c 0d 0e 0f 10 11 | 00 00 01 02 | 00 00 00 00 | 00 01 23 ab | 00 00 00 00
     00 00 01 05 | 00 00 00 04";
 
+/// The access check (kind 5): operation 1 (READ), zero, the request's first PSN, remote
+/// address, length, rkey, the requester's QPN.
+const ACCESS_CHECK_RECORD: &str = "
+    01 00 00 00 | 00 ab cd ef | 00 00 7f 12 34 60 00 40 | 00 01 00 00 | 00 00 03 07
+    00 00 01 05 | 00 00 00 05";
+
+/// The access verdict (kind 6): zero, the request's first PSN, zero, verdict 1 (access
+/// error), zero, the responder's QPN.
+const ACCESS_VERDICT_RECORD: &str = "
+    00 00 00 00 | 00 ab cd ef | 00 00 00 00 00 00 00 00 | 00 00 00 01 | 00 00 00 00
+    00 01 23 ab | 00 00 00 06";
+
 /// The hello: "BRDM", version 2, reserved 0, capabilities RECV_WR_RECORDS (bit 0),
-/// LENGTH_ERRORS (bit 1) and ATOMICS (bit 2), device IP 17.34.51.10, nonce 00..0f.
-const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 07 | 11 22 33 0a
+/// LENGTH_ERRORS (bit 1), ATOMICS (bit 2) and ACCESS_CHECKS (bit 3), device IP
+/// 17.34.51.10, nonce 00..0f.
+const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 0f | 11 22 33 0a
     00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f";
 
 /// A proof: 32 opaque bytes after the hello.
@@ -493,13 +507,51 @@ fn atomic_record_vectors() {
     );
 }
 
+fn access_check() -> AccessCheck {
+    AccessCheck {
+        op: CheckOp::Read,
+        psn: 0xAB_CDEF,
+        addr: 0x0000_7F12_3460_0040,
+        len: 0x0001_0000,
+        rkey: 0x307,
+        qpn: 0x105,
+    }
+}
+
+fn access_verdict() -> AccessVerdict {
+    AccessVerdict {
+        psn: 0xAB_CDEF,
+        verdict: CheckVerdict::AccessError,
+        qpn: 0x0123AB,
+    }
+}
+
+#[test]
+fn access_check_vectors() {
+    let expected = hex(ACCESS_CHECK_RECORD);
+    assert_eq!(access_check().to_bytes().unwrap()[..], expected[..]);
+    assert_eq!(
+        Record::parse(&expected),
+        Ok((Record::AccessCheck(access_check()), &[][..]))
+    );
+    let expected = hex(ACCESS_VERDICT_RECORD);
+    assert_eq!(access_verdict().to_bytes().unwrap()[..], expected[..]);
+    assert_eq!(
+        Record::parse(&expected),
+        Ok((Record::AccessVerdict(access_verdict()), &[][..]))
+    );
+}
+
 #[test]
 fn hello_vector() {
     let expected = hex(HELLO);
     let hello = hello_a();
     assert_eq!(
         hello.capabilities,
-        Capabilities::RECV_WR_RECORDS | Capabilities::LENGTH_ERRORS | Capabilities::ATOMICS
+        Capabilities::RECV_WR_RECORDS
+            | Capabilities::LENGTH_ERRORS
+            | Capabilities::ATOMICS
+            | Capabilities::ACCESS_CHECKS
     );
     assert_eq!(hello.to_bytes()[..], expected[..]);
     assert_eq!(Hello::parse(&expected), Ok((hello, &[][..])));
@@ -513,6 +565,8 @@ fn decoder_reads_the_literal_stream() {
     stream.extend(hex(RECV_TOO_SHORT_RECORD));
     stream.extend(hex(ATOMIC_REQUEST_RECORDS));
     stream.extend(hex(ATOMIC_REPLY_RECORD));
+    stream.extend(hex(ACCESS_CHECK_RECORD));
+    stream.extend(hex(ACCESS_VERDICT_RECORD));
     stream.extend(hex(RECV_WR_RECORD));
     let mut dec = OobDecoder::new();
     let mut input = &stream[..];
@@ -539,6 +593,16 @@ fn decoder_reads_the_literal_stream() {
     assert_eq!(
         dec.decode(&mut input),
         Ok(Some(OobMessage::AtomicReply(atomic_reply())))
+    );
+    assert_eq!(
+        dec.decode(&mut input),
+        Ok(Some(OobMessage::Check(CheckMessage::Check(access_check()))))
+    );
+    assert_eq!(
+        dec.decode(&mut input),
+        Ok(Some(OobMessage::Check(CheckMessage::Verdict(
+            access_verdict()
+        ))))
     );
     assert_eq!(
         dec.decode(&mut input),

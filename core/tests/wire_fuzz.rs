@@ -7,8 +7,9 @@ use core::net::Ipv4Addr;
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_core::oob::{
-    AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities, Hello, OobDecoder, OobError,
-    OobMessage, Proof, Record, RecvTooShort, RecvWr,
+    AccessCheck, AccessVerdict, AtomicOp, AtomicReply, AtomicRequest, AtomicStatus, Capabilities,
+    CheckMessage, CheckOp, CheckVerdict, Hello, OobDecoder, OobError, OobMessage, Proof, Record,
+    RecvTooShort, RecvWr,
 };
 use bluerdma_core::wire::packet::WireProfile;
 use bluerdma_core::wire::{
@@ -262,12 +263,48 @@ fn atomic_reply() -> impl Strategy<Value = AtomicReply> {
     )
 }
 
+fn access_check() -> impl Strategy<Value = AccessCheck> {
+    let op = prop_oneof![
+        Just(CheckOp::Write),
+        Just(CheckOp::Read),
+        Just(CheckOp::Send)
+    ];
+    (
+        op,
+        0u32..=0x00FF_FFFF,
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        0u32..=0x00FF_FFFF,
+    )
+        .prop_map(|(op, psn, addr, len, rkey, qpn)| AccessCheck {
+            op,
+            psn,
+            addr,
+            len,
+            rkey,
+            qpn,
+        })
+}
+
+fn access_verdict() -> impl Strategy<Value = AccessVerdict> {
+    let verdict = prop_oneof![
+        Just(CheckVerdict::Accepted),
+        Just(CheckVerdict::AccessError),
+        Just(CheckVerdict::OperationError)
+    ];
+    (0u32..=0x00FF_FFFF, verdict, 0u32..=0x00FF_FFFF)
+        .prop_map(|(psn, verdict, qpn)| AccessVerdict { psn, verdict, qpn })
+}
+
 fn record() -> impl Strategy<Value = Record> {
     prop_oneof![
         recv_wr().prop_map(Record::RecvWr),
         recv_too_short().prop_map(Record::RecvTooShort),
         atomic_request().prop_map(Record::AtomicRequest),
         atomic_reply().prop_map(Record::AtomicReply),
+        access_check().prop_map(Record::AccessCheck),
+        access_verdict().prop_map(Record::AccessVerdict),
     ]
 }
 
@@ -277,6 +314,8 @@ fn message_of(r: &Record) -> OobMessage {
         Record::RecvTooShort(t) => OobMessage::RecvTooShort(t),
         Record::AtomicRequest(q) => OobMessage::AtomicRequest(q),
         Record::AtomicReply(a) => OobMessage::AtomicReply(a),
+        Record::AccessCheck(c) => OobMessage::Check(CheckMessage::Check(c)),
+        Record::AccessVerdict(v) => OobMessage::Check(CheckMessage::Verdict(v)),
     }
 }
 
@@ -475,13 +514,13 @@ proptest! {
         }
     }
 
-    /// A record with any kind code: 0, 1 and 4 decode (when their other fields are valid),
+    /// A record with any kind code: 0, 1, 4, 5 and 6 decode (when their other fields are valid),
     /// 2 (an atomic request) waits for its operands, 3 (operands alone) and any other kind
     /// fail the decoder for good.
     #[test]
     fn oob_records_of_any_kind(
         mut bytes in any::<[u8; 32]>(),
-        kind in prop_oneof![0u32..6, any::<u32>()],
+        kind in prop_oneof![0u32..8, any::<u32>()],
     ) {
         bytes[24] = 0;
         bytes[28..].copy_from_slice(&kind.to_be_bytes());
@@ -509,6 +548,23 @@ proptest! {
                 let zero_fields_ok = bytes[16] == 0 && bytes[20..24] == [0; 4] && status_ok;
                 let decoded = matches!(got, Ok(Some(OobMessage::AtomicReply(_))));
                 prop_assert_eq!(decoded, zero_fields_ok);
+            }
+            5 => {
+                let psn = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+                let ok = bytes[0] <= 2 && bytes[1..4] == [0; 3] && psn <= 0x00FF_FFFF;
+                let decoded = matches!(got, Ok(Some(OobMessage::Check(CheckMessage::Check(_)))));
+                prop_assert_eq!(decoded, ok);
+            }
+            6 => {
+                let psn = u32::from_be_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+                let verdict = u32::from_be_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
+                let ok = bytes[..4] == [0; 4]
+                    && psn <= 0x00FF_FFFF
+                    && bytes[8..16] == [0; 8]
+                    && bytes[20..24] == [0; 4]
+                    && verdict <= 2;
+                let decoded = matches!(got, Ok(Some(OobMessage::Check(CheckMessage::Verdict(_)))));
+                prop_assert_eq!(decoded, ok);
             }
             _ => {
                 prop_assert_eq!(got, Err(OobError::UnknownRecordKind { kind }));

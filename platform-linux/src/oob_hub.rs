@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use bluerdma_core::oob::{AtomicMessage, RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, CheckMessage, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 /// The shared hub.
@@ -81,6 +81,11 @@ impl OobTransport for HubOob {
         self.deliver(peer, OobEvent::Atomic { from, msg: *msg })
     }
 
+    fn send_check(&mut self, peer: Ipv4Addr, msg: &CheckMessage) -> Result<(), PlatformError> {
+        let from = self.ip;
+        self.deliver(peer, OobEvent::Check { from, msg: *msg })
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         self.hub.inboxes.lock().ok()?.get_mut(&self.ip)?.pop_front()
     }
@@ -99,6 +104,9 @@ impl OobTransport for DynOob {
     }
     fn send_atomic(&mut self, peer: Ipv4Addr, msg: &AtomicMessage) -> Result<(), PlatformError> {
         self.0.send_atomic(peer, msg)
+    }
+    fn send_check(&mut self, peer: Ipv4Addr, msg: &CheckMessage) -> Result<(), PlatformError> {
+        self.0.send_check(peer, msg)
     }
     fn poll(&mut self) -> Option<OobEvent> {
         self.0.poll()

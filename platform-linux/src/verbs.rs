@@ -36,9 +36,11 @@ use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
 
 mod buffer;
+mod mw;
 mod progress;
 mod qp;
 
+pub use mw::Mw;
 pub use qp::{card_takes_first_psn, Endpoint, Qp};
 
 use buffer::OwnedBuf;

@@ -673,6 +673,12 @@ impl Pair {
         self.oob().atomics[side.index()] = takes;
     }
 
+    /// Whether `side` answers access checks (its hello's ACCESS_CHECKS; default no). Checks
+    /// to a side that does not are withheld, as the TCP channel withholds them.
+    pub fn set_oob_access_checks(&mut self, side: Side, takes: bool) {
+        self.oob().access_checks[side.index()] = takes;
+    }
+
     /// Loses the next `n` atomic messages (requests or replies) sent to `to`.
     pub fn drop_oob_atomics(&mut self, to: Side, n: u32) {
         self.oob().drop_atomics[to.index()] = n;

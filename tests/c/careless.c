@@ -1,8 +1,8 @@
 /* What a careless program meets, answered as rdma-core answers it, never with a crash:
  * - ibv_reg_mr of unmapped memory, of read-only memory with a write access, or of a range
  *   that runs into a guard page fails with EFAULT (read-only memory for REMOTE_READ only is
- *   fine); REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE fails with EINVAL, a memory
- *   window access flag with EOPNOTSUPP;
+ *   fine); REMOTE_WRITE or REMOTE_ATOMIC without LOCAL_WRITE fails with EINVAL, a
+ *   zero-based or on-demand region with EOPNOTSUPP;
  * - ibv_destroy_cq of a CQ a QP uses, ibv_dealloc_pd of a PD with a QP or an MR, and
  *   ibv_destroy_comp_channel of a channel with a CQ fail with EBUSY and leave the objects
  *   working; a second destroy of the same object fails with EINVAL;
@@ -84,8 +84,10 @@ static void registrations(void)
     expect_mr_fails(pd, good, PAGE, IBV_ACCESS_REMOTE_WRITE, EINVAL, "REMOTE_WRITE alone");
     expect_mr_fails(pd, good, PAGE, IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_REMOTE_READ, EINVAL,
                     "REMOTE_ATOMIC without LOCAL_WRITE");
-    expect_mr_fails(pd, good, PAGE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, EOPNOTSUPP,
-                    "MW_BIND");
+    expect_mr_fails(pd, good, PAGE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED, EOPNOTSUPP,
+                    "ZERO_BASED");
+    expect_mr_fails(pd, good, PAGE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND, EOPNOTSUPP,
+                    "ON_DEMAND");
     struct ibv_mr *mr = ibv_reg_mr(pd, good, PAGE, RW);
     CHECK(mr, "ibv_reg_mr(heap memory): %s", strerror(errno));
 

@@ -33,6 +33,10 @@ const PROGRAMS: &[&str] = &[
     "capacities",
     "wr_api",
     "atomics",
+    "parent_domain",
+    "mem_windows",
+    "uc",
+    "raw_qp",
     "open_close",
 ];
 /// Open/use/close rounds of `open_close` in the default run (the ignored test runs the

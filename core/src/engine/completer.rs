@@ -271,6 +271,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let acked = self.qp(i).req.acked_psn();
         self.resend(i, acked, now, true);
         self.resend_atomics(i);
+        // The card says nothing of what it refused: ask the responder (access_check.rs).
+        self.send_access_check(i);
     }
 
     /// The head WQE completes with `status`, the QP goes to ERR and the rest is flushed.

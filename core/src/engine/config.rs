@@ -146,6 +146,10 @@ pub struct EngineStats {
     pub timeouts_queued: u64,
     /// READ requests refused (bad rkey, bounds or access: hardware-contract.md 12a).
     pub read_refused: u64,
+    /// Access checks sent after a retransmission timeout (`access_check.rs`).
+    pub access_checks: u64,
+    /// Verdicts that refused one of our requests (it completed with the error).
+    pub access_refused: u64,
     /// Simple-NIC frames received.
     pub raw_frames: u64,
     /// Received simple-NIC frames dropped because no consumer asked for them

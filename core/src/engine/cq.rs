@@ -148,6 +148,25 @@ impl<P: Platform, S: Storage> Device<P, S> {
         Ok(n)
     }
 
+    /// Drops the completions of QP `qpn` still queued in `cq`, keeping the others in order:
+    /// a QP moved to RESET takes its completions with it, as rdma-core's providers clean
+    /// the CQ (a flushed receive WR of a QP that is then reset and reconnected must not
+    /// surface in its next traffic).
+    pub(crate) fn purge_completions(&mut self, cq: u32, qpn: u32) {
+        let s = self.storage.slices();
+        let Some(slot) = s.cqs.get_mut(cq as usize).filter(|c| c.in_use) else {
+            return;
+        };
+        let n = slot.len;
+        let mut ring = slot.ring(s.cqes);
+        for _ in 0..n {
+            if let Some(wc) = ring.pop().filter(|wc| wc.qp_num != qpn) {
+                // Room: one was just taken.
+                let _ = ring.push(wc);
+            }
+        }
+    }
+
     /// How many completions `cq` holds (0 for a CQ that does not exist).
     pub fn cq_len(&mut self, cq: u32) -> usize {
         self.cq_slot(cq).map_or(0, |c| c.len as usize)

@@ -30,6 +30,7 @@
 //! - `atomic`: fetch-and-add and compare-and-swap, executed by the responder's driver and
 //!   carried over the out-of-band channel (the card has no atomic engine)
 
+mod access_check;
 mod atomic;
 mod card_reset;
 mod command;
@@ -40,6 +41,7 @@ mod dump;
 mod error;
 mod events;
 mod mr;
+mod mr_change;
 mod pd;
 mod qp;
 mod ranges;

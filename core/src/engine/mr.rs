@@ -47,6 +47,11 @@ pub struct MrSlot {
     /// First page-table index and the number of entries.
     pub(super) pgt_offset: u32,
     pub(super) pages: u32,
+    /// A memory window's entry (`mr_change.rs`): it pins nothing and owns no page table;
+    /// `pgt_offset` points into its MR's.
+    pub(super) window: bool,
+    /// The MR a bound window is over.
+    pub(super) parent: Option<MrKey>,
 }
 
 impl MrSlot {
@@ -139,23 +144,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
         now: Instant,
     ) -> Result<PendingMr, VerbsError> {
         self.check_pd(pd)?;
-        if len == 0 || len > u32::MAX as u64 {
-            return Err(VerbsError::InvalidArgument {
-                what: "MR length must be 1..=4 GiB-1 (the card's field is 32 bits)",
-            });
-        }
-        if va.0.checked_add(len).is_none() {
-            return Err(VerbsError::InvalidArgument {
-                what: "MR range wraps the address space",
-            });
-        }
+        check_mr_args(va, len, access)?;
         let remote_writes = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-        if access.intersects(remote_writes) && !access.contains(AccessFlags::LOCAL_WRITE) {
-            // ibv_reg_mr(3): a remote peer may not write what the local side may not.
-            return Err(VerbsError::InvalidArgument {
-                what: "MR access REMOTE_WRITE or REMOTE_ATOMIC needs LOCAL_WRITE",
-            });
-        }
         let job = self
             .mr_jobs
             .iter()
@@ -163,12 +153,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             .ok_or(VerbsError::Busy {
                 what: "MR registrations in progress",
             })?;
-        let index = {
-            let s = self.storage.slices();
-            let n = s.mrs.len().min(MR_TABLE_LEN as usize);
-            (1..n).find(|&i| s.mrs[i].state == MrState::Free)
-        }
-        .ok_or(VerbsError::OutOfResources { what: "MR table" })? as u32;
+        let index = self.free_mr_index()?;
         let pages = self.cfg.page_size.pages_spanned(va.0, len) as u32;
         let pgt_offset = self
             .pgt
@@ -193,6 +178,8 @@ impl<P: Platform, S: Storage> Device<P, S> {
             pd,
             pgt_offset,
             pages,
+            window: false,
+            parent: None,
         };
         self.mr_jobs[job] = Some(MrJob {
             key,
@@ -327,7 +314,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// Translates and stages the page-table entries of `m` from page `done` into staging
     /// slot `slot` and submits their UpdatePGT; returns the ticket and the entry count.
-    fn submit_pgt_update(
+    pub(super) fn submit_pgt_update(
         &mut self,
         m: &MrSlot,
         done: u32,
@@ -370,21 +357,21 @@ impl<P: Platform, S: Storage> Device<P, S> {
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<(), VerbsError> {
         let slot = self.mr_slot(key)?;
+        if slot.window {
+            return Err(VerbsError::NoSuchObject {
+                what: "MR (a memory window's key)",
+                handle: key.get(),
+            });
+        }
+        if self.windows_on(key) {
+            return Err(VerbsError::Busy {
+                what: "an MR with memory windows bound to it",
+            });
+        }
         self.retire_mr_users(key);
         let posted = self.send_mark();
         self.wait_send_fetched(posted, DEREG_WAIT, clock)?;
-        self.commands.run(
-            &self.regs,
-            CmdRequest::UpdateMrTable(UpdateMrTable {
-                mr_base_va: VirtAddr(0),
-                mr_length: 0,
-                mr_key: key,
-                pd: 0,
-                acc_flags: AccessFlags::empty(),
-                pgt_offset: 0,
-            }),
-            clock,
-        )?;
+        self.commands.run(&self.regs, invalid_entry(key), clock)?;
         self.mem.unpin(VirtAddr(slot.va), slot.len as usize);
         self.pgt.free(slot.pgt_offset, slot.pages);
         self.storage.slices().mrs[key.index() as usize] = MrSlot::default();
@@ -395,7 +382,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// WQE with an invalid lkey stops the RTL). Internal READ responses using it are dropped
     /// (the requester times out, as if the data were gone); an application request still
     /// using it fails its QP with LOC_PROT_ERR.
-    fn retire_mr_users(&mut self, key: MrKey) {
+    pub(super) fn retire_mr_users(&mut self, key: MrKey) {
         for i in self.qp_indices() {
             let mut app_user = false;
             self.sq(i).for_each(|w| {
@@ -414,6 +401,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.complete_head(i);
             }
         }
+    }
+
+    /// A free MR-table index (index 0 is the card's "no MR").
+    pub(super) fn free_mr_index(&mut self) -> Result<u32, VerbsError> {
+        let s = self.storage.slices();
+        let n = s.mrs.len().min(MR_TABLE_LEN as usize);
+        (1..n)
+            .find(|&i| s.mrs[i].state == MrState::Free)
+            .map(|i| i as u32)
+            .ok_or(VerbsError::OutOfResources { what: "MR table" })
     }
 
     /// The valid MR of `key`.
@@ -444,9 +441,44 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 }
 
+/// The checks of a registration's range and access (ibv_reg_mr(3)).
+pub(super) fn check_mr_args(va: VirtAddr, len: u64, access: AccessFlags) -> Result<(), VerbsError> {
+    if len == 0 || len > u32::MAX as u64 {
+        return Err(VerbsError::InvalidArgument {
+            what: "MR length must be 1..=4 GiB-1 (the card's field is 32 bits)",
+        });
+    }
+    if va.0.checked_add(len).is_none() {
+        return Err(VerbsError::InvalidArgument {
+            what: "MR range wraps the address space",
+        });
+    }
+    let remote_writes = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.intersects(remote_writes) && !access.contains(AccessFlags::LOCAL_WRITE) {
+        // A remote peer may not write what the local side may not.
+        return Err(VerbsError::InvalidArgument {
+            what: "MR access REMOTE_WRITE or REMOTE_ATOMIC needs LOCAL_WRITE",
+        });
+    }
+    Ok(())
+}
+
+/// The MR table entry that makes the entry of `key` invalid (length 0).
+#[inline]
+pub(super) fn invalid_entry(key: MrKey) -> CmdRequest {
+    CmdRequest::UpdateMrTable(UpdateMrTable {
+        mr_base_va: VirtAddr(0),
+        mr_length: 0,
+        mr_key: key,
+        pd: 0,
+        acc_flags: AccessFlags::empty(),
+        pgt_offset: 0,
+    })
+}
+
 /// The MR table entry that makes `m` valid in the card.
 #[inline]
-fn mr_table_entry(m: &MrSlot) -> CmdRequest {
+pub(super) fn mr_table_entry(m: &MrSlot) -> CmdRequest {
     CmdRequest::UpdateMrTable(UpdateMrTable {
         mr_base_va: VirtAddr(m.va),
         mr_length: m.len as u32,
@@ -485,6 +517,8 @@ mod tests {
             pd: 2,
             pgt_offset: 0,
             pages: 1,
+            window: false,
+            parent: None,
         };
         let lw = AccessFlags::LOCAL_WRITE;
         let none = AccessFlags::empty();

@@ -490,6 +490,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
             let a = self.qp(i).attrs;
             let sq = self.qp(i).req.sq;
             self.clear_recvs(i);
+            self.purge_completions(a.send_cq, a.qpn.get());
+            if a.recv_cq != a.send_cq {
+                self.purge_completions(a.recv_cq, a.qpn.get());
+            }
             *self.qp(i) = QpSlot::fresh(&a, SqCounters::new(sq.cap(), sq.ring()));
             *self.timers(i) = QpTimers::default();
             self.manage_qp(i, true, clock)?;

@@ -6,6 +6,7 @@
 use core::net::Ipv4Addr;
 
 use crate::desc::AccessFlags;
+use crate::keys::MrKey;
 use crate::oob::{RecvTooShort, RecvWr as OobRecvWr};
 use crate::platform::{OobEvent, OobTransport};
 use crate::qp::QpState;
@@ -104,10 +105,17 @@ impl RecvQueue {
 impl<P: Platform, S: Storage> Device<P, S> {
     /// Posts receive WRs; they are announced to the peer over the out-of-band channel once
     /// the QP is connected (RTR).
+    ///
+    /// A buffer that no MR of the QP's PD covers with LOCAL_WRITE is posted anyway, as IB
+    /// checks a receive WR only when data arrives for it: it is announced under key 0 (the
+    /// card's "no MR", which its receiver refuses whatever the PD), so a SEND into it is
+    /// dropped, and the sender's access check (`access_check.rs`) ends both with REM_OP_ERR
+    /// and LOC_PROT_ERR.
     pub fn post_recv(&mut self, qpn: QpHandle, wrs: &[RecvWr]) -> Result<(), (usize, VerbsError)> {
         let i = self.qp_index(qpn).map_err(|e| (0, e))?;
         for (k, wr) in wrs.iter().enumerate() {
             let a = self.qp(i).attrs;
+            let mut wr = *wr;
             if wr.len > 0
                 && !self.mr_covers(
                     wr.lkey,
@@ -117,9 +125,17 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     Some(a.pd),
                 )
             {
-                let lkey = wr.lkey.get();
-                return Err((k, VerbsError::LocalProtection { lkey }));
+                core_warn!(
+                    "QP {:#x}: receive WR {:#x} names {:#x}+{} of key {:#x}, which no MR of its PD covers with LOCAL_WRITE: a SEND into it fails (LOC_PROT_ERR)",
+                    a.qpn.get(),
+                    wr.wr_id,
+                    wr.addr.0,
+                    wr.len,
+                    wr.lkey.get()
+                );
+                wr.lkey = MrKey::from_raw(0);
             }
+            let wr = &wr;
             if a.state == QpState::Reset {
                 let e = VerbsError::WrongQpState {
                     state: a.state,
@@ -196,6 +212,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 OobEvent::RecvWr { from, wr } => self.on_remote_recv(from, wr, now),
                 OobEvent::RecvTooShort { from, rec } => self.on_recv_too_short(from, rec),
                 OobEvent::Atomic { from, msg } => self.on_atomic(from, msg, now),
+                OobEvent::Check { from, msg } => self.on_check(from, msg),
                 OobEvent::PeerLost { peer } => self.on_peer_lost(peer, now),
             }
         }

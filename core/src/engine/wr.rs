@@ -24,6 +24,8 @@ pub enum WcStatus {
     LocProtErr = 4,
     /// The QP went to the error state before this request completed.
     WrFlushErr = 5,
+    /// A memory-window bind or invalidation was refused (the window, MR, range or access).
+    MwBindErr = 6,
     /// No acknowledgement after `retry_cnt` retransmissions.
     RetryExcErr = 12,
     /// The responder had no receive buffer after `rnr_retry` attempts.
@@ -44,6 +46,10 @@ pub enum WcOpcode {
     CompSwap = 3,
     /// An atomic fetch-and-add completed.
     FetchAdd = 4,
+    /// A memory window was bound.
+    BindMw = 5,
+    /// A memory window was invalidated (IBV_WR_LOCAL_INV).
+    LocalInv = 6,
     /// A receive completed (a SEND arrived).
     Recv = 128,
     /// An RDMA WRITE_WITH_IMM arrived.

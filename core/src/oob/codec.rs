@@ -42,6 +42,10 @@
 //! ([`AtomicRequest`], [`AtomicReply`]). A request is two records back to back (kind 2 then
 //! kind 3), so [`Record::to_bytes`] gives 32 or 64 bytes ([`EncodedRecord`]).
 //!
+//! **Access check and verdict** (kinds 5 and 6, designed here; sent only to a peer whose
+//! hello announces [`Capabilities::ACCESS_CHECKS`]): the layouts are in `check.rs`
+//! ([`AccessCheck`], [`AccessVerdict`]).
+//!
 //! **Hello** (32 bytes in version 2, designed here; the reference has none):
 //!
 //! | Bytes | Field |
@@ -71,6 +75,7 @@ use core::net::Ipv4Addr;
 use bitflags::bitflags;
 
 use super::atomic::{AtomicReply, AtomicRequest, ATOMIC_REQUEST_LEN};
+use super::check::{AccessCheck, AccessVerdict};
 
 /// Length of a record (every kind).
 pub const RECV_WR_LEN: usize = 32;
@@ -102,6 +107,10 @@ pub enum OobMessageKind {
     AtomicRequest,
     /// An atomic reply.
     AtomicReply,
+    /// An access check.
+    AccessCheck,
+    /// An access verdict.
+    AccessVerdict,
 }
 
 impl fmt::Display for OobMessageKind {
@@ -113,6 +122,8 @@ impl fmt::Display for OobMessageKind {
             OobMessageKind::RecvTooShort => "receive-WR-too-short record",
             OobMessageKind::AtomicRequest => "atomic request",
             OobMessageKind::AtomicReply => "atomic reply",
+            OobMessageKind::AccessCheck => "access check",
+            OobMessageKind::AccessVerdict => "access verdict",
         })
     }
 }
@@ -203,7 +214,7 @@ impl fmt::Display for OobError {
                 f,
                 "OOB record of unknown kind {kind:#x} (bytes 28..32); this driver knows 0 \
                  (receive WR), 1 (receive WR too short), 2 and 3 (atomic request and its \
-                 operands) and 4 (atomic reply)"
+                 operands), 4 (atomic reply), 5 (access check) and 6 (access verdict)"
             ),
             OobError::AtomicPair { what } => write!(f, "OOB atomic request: {what}"),
         }
@@ -225,7 +236,10 @@ bitflags! {
         /// (kind 4). A peer without this bit is never sent a request: the transport
         /// answers it with [`AtomicStatus::Unsupported`](super::AtomicStatus::Unsupported).
         const ATOMICS = 1 << 2;
-        // Bits 3..31 are reserved for later capabilities; a peer that does not know a bit
+        /// The sender answers access checks (kind 5) with verdicts (kind 6). A peer
+        /// without this bit is never sent a check (the transport withholds it).
+        const ACCESS_CHECKS = 1 << 3;
+        // Bits 4..31 are reserved for later capabilities; a peer that does not know a bit
         // ignores it.
     }
 }
@@ -234,7 +248,8 @@ impl Capabilities {
     /// What this driver supports.
     pub const OURS: Capabilities = Capabilities::RECV_WR_RECORDS
         .union(Capabilities::LENGTH_ERRORS)
-        .union(Capabilities::ATOMICS);
+        .union(Capabilities::ATOMICS)
+        .union(Capabilities::ACCESS_CHECKS);
 }
 
 /// The first message on a connection.
@@ -436,6 +451,10 @@ pub enum RecordKind {
     AtomicOperands = 3,
     /// An atomic reply.
     AtomicReply = 4,
+    /// An access check (`check.rs`).
+    AccessCheck = 5,
+    /// An access verdict.
+    AccessVerdict = 6,
 }
 
 impl RecordKind {
@@ -467,6 +486,10 @@ pub enum Record {
     AtomicRequest(AtomicRequest),
     /// An atomic reply.
     AtomicReply(AtomicReply),
+    /// An access check.
+    AccessCheck(AccessCheck),
+    /// An access verdict.
+    AccessVerdict(AccessVerdict),
 }
 
 /// The bytes of an encoded [`Record`]: 32, or 64 for an atomic request.
@@ -501,6 +524,8 @@ impl Record {
             Record::RecvTooShort(r) => EncodedRecord::new(&r.to_bytes()?),
             Record::AtomicRequest(r) => EncodedRecord::new(&r.to_bytes()?),
             Record::AtomicReply(r) => EncodedRecord::new(&r.to_bytes()?),
+            Record::AccessCheck(r) => EncodedRecord::new(&r.to_bytes()?),
+            Record::AccessVerdict(r) => EncodedRecord::new(&r.to_bytes()?),
         })
     }
 
@@ -514,6 +539,8 @@ impl Record {
         const ATOMIC_REQUEST: u32 = RecordKind::AtomicRequest as u32;
         const ATOMIC_OPERANDS: u32 = RecordKind::AtomicOperands as u32;
         const ATOMIC_REPLY: u32 = RecordKind::AtomicReply as u32;
+        const ACCESS_CHECK: u32 = RecordKind::AccessCheck as u32;
+        const ACCESS_VERDICT: u32 = RecordKind::AccessVerdict as u32;
         match RecordKind::of(&msg).unwrap_or(0) {
             RECV_WR => RecvWr::parse(bytes).map(|(wr, rest)| (Record::RecvWr(wr), rest)),
             RECV_TOO_SHORT => {
@@ -527,6 +554,12 @@ impl Record {
             }),
             ATOMIC_REPLY => {
                 AtomicReply::parse(bytes).map(|(r, rest)| (Record::AtomicReply(r), rest))
+            }
+            ACCESS_CHECK => {
+                AccessCheck::parse(bytes).map(|(r, rest)| (Record::AccessCheck(r), rest))
+            }
+            ACCESS_VERDICT => {
+                AccessVerdict::parse(bytes).map(|(r, rest)| (Record::AccessVerdict(r), rest))
             }
             kind => Err(OobError::UnknownRecordKind { kind }),
         }

@@ -22,6 +22,7 @@
 //! another version as soon as the version's two bytes have.
 
 use super::atomic::{AtomicReply, AtomicRequest, ATOMIC_REQUEST_LEN};
+use super::check::CheckMessage;
 use super::codec::{
     Hello, OobError, OobMessageKind, Proof, Record, RecordKind, RecvTooShort, RecvWr, HELLO_LEN,
     PROOF_LEN, RECV_WR_LEN,
@@ -42,6 +43,8 @@ pub enum OobMessage {
     AtomicRequest(AtomicRequest),
     /// The peer answers one of our atomics.
     AtomicReply(AtomicReply),
+    /// An access check of the peer, or its verdict on one of ours.
+    Check(CheckMessage),
 }
 
 /// Incremental decoder of one connection's byte stream.
@@ -183,6 +186,8 @@ impl OobDecoder {
                         Record::RecvTooShort(r) => OobMessage::RecvTooShort(r),
                         Record::AtomicRequest(r) => OobMessage::AtomicRequest(r),
                         Record::AtomicReply(r) => OobMessage::AtomicReply(r),
+                        Record::AccessCheck(r) => OobMessage::Check(CheckMessage::Check(r)),
+                        Record::AccessVerdict(r) => OobMessage::Check(CheckMessage::Verdict(r)),
                     };
                     (msg, rest)
                 }),

@@ -177,6 +177,7 @@ pub struct IbvAhAttr {
 
 /// `struct ibv_qp_attr` (144 bytes).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct IbvQpAttr {
     pub qp_state: u32,
     pub cur_qp_state: u32,
@@ -637,6 +638,7 @@ pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 pub const IBV_MTU_1024: u32 = 3;
 pub const IBV_MTU_4096: u32 = 5;
 pub const IBV_QPT_RC: u32 = 2;
+pub const IBV_QPT_UC: u32 = 3;
 pub const IBV_QPT_UD: u32 = 4;
 /// `enum ibv_event_type`: a CQ overran.
 pub const IBV_EVENT_CQ_ERR: u32 = 0;

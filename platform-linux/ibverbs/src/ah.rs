@@ -24,7 +24,7 @@ pub(crate) struct Ah {
 
 #[no_mangle]
 pub unsafe extern "C" fn bv_ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
-    if live::check(Kind::Pd, pd, "create_ah").is_err() {
+    if crate::pd::check(pd, "create_ah").is_err() {
         return null(libc::EINVAL);
     }
     // SAFETY: a live PD.

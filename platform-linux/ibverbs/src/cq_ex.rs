@@ -10,8 +10,9 @@
 //!
 //! The work-completion fields this device fills are the standard ones
 //! (IBV_WC_STANDARD_FLAGS); completion timestamps (it has no completion clock), CVLAN, flow
-//! tags and tag matching are refused with EOPNOTSUPP, as are parent domains and
-//! IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN (an overrun is reported, IBV_EVENT_CQ_ERR).
+//! tags and tag matching are refused with EOPNOTSUPP, as is
+//! IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN (an overrun is reported, IBV_EVENT_CQ_ERR). A parent
+//! domain (IBV_CQ_INIT_ATTR_MASK_PD) is accepted and must be a live one.
 
 use core::ffi::c_int;
 use std::ptr;
@@ -25,6 +26,7 @@ use crate::cq::{self, Cq};
 use crate::errors::or_null;
 use crate::handle::own;
 use crate::live::{self, Kind};
+use crate::parent_domain::is_parent_of;
 use crate::poll::{poll_some, wc_of};
 
 /// The comp_mask bits of `ibv_cq_init_attr_ex` rdma-core 44 defines.
@@ -74,8 +76,15 @@ unsafe fn create_cq_ex(
             a.wc_flags
         ));
     }
-    if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
-        return refuse("a parent domain (IBV_CQ_INIT_ATTR_MASK_PD): the device has none");
+    // A parent domain may be named; the CQ's entries are the engine's, which its
+    // allocator cannot place (parent_domain.rs), so the CQ does not keep it.
+    if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 && !is_parent_of(a.parent_domain, ctx) {
+        log::error!(
+            "create_cq_ex: IBV_CQ_INIT_ATTR_MASK_PD with {:p}, which is not a live parent \
+             domain of this context",
+            a.parent_domain
+        );
+        return Err(libc::EINVAL);
     }
     if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
         && a.flags & !IBV_CREATE_CQ_ATTR_SINGLE_THREADED != 0

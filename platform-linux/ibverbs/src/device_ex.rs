@@ -1,8 +1,7 @@
 //! The extended device query and the refusals that say why: `verbs_context.query_device_ex`
 //! (what `ibv_query_device_ex` calls; without it the inline verb zeroes every extended
-//! field, `phys_port_cnt_ex` included) and `alloc_parent_domain` / `alloc_td`, which this
-//! device does not have (the inline verbs would fail with EOPNOTSUPP without a word; these
-//! log the reason once).
+//! field, `phys_port_cnt_ex` included) and `alloc_td`, which this device does not have
+//! (the inline verb would fail with EOPNOTSUPP without a word; this logs the reason once).
 //!
 //! The extended capabilities are what the device does: no on-demand paging, no TSO, RSS,
 //! packet pacing, tag matching, CQ moderation, device memory or PCI atomics, no completion
@@ -79,20 +78,6 @@ fn refuse_once(verb: &'static str, why: &str) {
     if said.get_or_insert_with(HashSet::new).insert(verb) {
         log::warn!("{verb}: not supported: {why}");
     }
-}
-
-/// `verbs_context.alloc_parent_domain`: NULL, errno EOPNOTSUPP.
-pub(crate) unsafe extern "C" fn ext_alloc_parent_domain(
-    _ctx: *mut IbvContext,
-    _attr: *mut c_void,
-) -> *mut IbvPd {
-    refuse_once(
-        "ibv_alloc_parent_domain",
-        "a parent domain hands the provider the application's allocators for its queue \
-         buffers, and this device's queues live in its own DMA memory, which no allocator \
-         of the application could place",
-    );
-    null(libc::EOPNOTSUPP)
 }
 
 /// `verbs_context.alloc_td`: NULL, errno EOPNOTSUPP.

@@ -16,6 +16,10 @@
 //!   (with immediate); atomic compare-and-swap and fetch-and-add (IBV_ATOMIC_HCA: executed
 //!   by the responder's driver); completion channels; shared receive queues; UD QPs and address
 //!   handles (datagrams of up to 1978 bytes through the simple NIC).
+//! - Parent domains (`parent_domain`), ibv_rereg_mr in place (`mr`), memory windows of
+//!   type 1 and 2 (`mw`), UC QPs carried as RC (`uc`), raw packet QPs on the simple NIC
+//!   (`raw_qp`); remote access errors the card does not report come from the engine's
+//!   access checks (REM_ACCESS_ERR, REM_OP_ERR after one timeout).
 //! - The extended verbs: ibv_create_qp_ex with the `ibv_wr_*` post API (the same post path
 //!   as ibv_post_send), ibv_create_cq_ex with ibv_start_poll / ibv_next_poll /
 //!   ibv_end_poll and the standard `ibv_wc_read_*` fields, ibv_query_device_ex (no ODP,
@@ -50,9 +54,10 @@
 //!    - `device`: the devices of this process and the device-list verbs.
 //!    - `context`: an opened device, the engine it starts on its backend, async events.
 //!    - `port`: the device, port, GID and P_Key queries.
-//!    - `device_ex`: ibv_query_device_ex, and the parent and thread domains it refuses.
+//!    - `device_ex`: ibv_query_device_ex, and the thread domains it refuses.
 //! 3. Objects:
 //!    - `pd`: protection domains and their table of registered regions.
+//!    - `parent_domain`: parent domains (a PD with the application's allocators).
 //!    - `mr`: memory regions (and the fork verbs).
 //!    - `channel`: completion channels.
 //!    - `srq`: shared receive queues: the pool, the QPs it feeds, the SRQ verbs.
@@ -61,12 +66,17 @@
 //!    - `qp_base`: what RC and UD QPs share (type, CQs, initial `ibv_qp`).
 //!    - `wr_batch`: a QP's `ibv_qp_ex` part and the requests `ibv_wr_*` build.
 //!    - `rc_rings`: an RC QP's inline and gather rings.
-//!    - `rc_qp`: RC QPs: create, modify, query (the one reader of the engine's QP query).
+//!    - `uc`: UC QPs, carried as RC (the card reports no UC packet).
+//!    - `rc_qp`: RC and UC QPs: create, modify, query (the one reader of the engine's QP
+//!      query).
 //!    - `ah`: address handles.
 //!    - `ud_reassembly`: UD datagrams of several frames put back together.
 //!    - `ud_rx`: the UD receive side: the per-engine frame dispatcher, a QP's receive queue.
 //!    - `ud_qp`: UD QPs: create, modify, query.
+//!    - `raw_qp`: raw packet QPs: whole Ethernet frames through the simple NIC.
 //! 4. The post and poll paths:
+//!    - `mw`: memory windows, their binds and invalidations (local operations of the RC
+//!      send queue).
 //!    - `rc_post`: ibv_post_send (split, gathered, inline) and ibv_post_recv on RC QPs.
 //!    - `srq_post`: ibv_post_srq_recv.
 //!    - `ud_post`: ibv_post_send (one datagram each) and ibv_post_recv on UD QPs.
@@ -105,12 +115,16 @@ mod ah;
 mod channel;
 mod cq;
 mod mr;
+mod mw;
+mod parent_domain;
 mod pd;
 mod qp_base;
+mod raw_qp;
 mod rc_qp;
 mod rc_rings;
 mod rc_scatter;
 mod srq;
+mod uc;
 mod ud_qp;
 mod ud_reassembly;
 mod ud_rx;

@@ -21,7 +21,11 @@ pub(crate) enum Kind {
     Qp,
     Srq,
     Ah,
+    /// A memory window: before the MR it is bound to.
+    Mw,
     Mr,
+    /// A parent domain: before the protection domain it holds.
+    ParentPd,
     Pd,
     Cq,
     Channel,

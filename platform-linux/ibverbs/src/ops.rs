@@ -20,11 +20,14 @@ use crate::mr::bv_ibv_dereg_mr;
 use crate::pd::bv_ibv_dealloc_pd;
 use crate::qp::bv_ibv_destroy_qp;
 use crate::srq::bv_ibv_destroy_srq;
-use crate::{cq_ex, device_ex, poll, port, qp, qp_ex, srq_post, ud_rx};
+use crate::{cq_ex, device_ex, mw, parent_domain, poll, port, qp, qp_ex, srq_post, ud_rx};
 
 /// The ibv_context ops every context carries.
 fn context_ops() -> [usize; 32] {
     let mut o = [0usize; 32];
+    o[ops::ALLOC_MW] = mw::op_alloc_mw as *const () as usize;
+    o[ops::BIND_MW] = mw::op_bind_mw as *const () as usize;
+    o[ops::DEALLOC_MW] = mw::op_dealloc_mw as *const () as usize;
     o[ops::POLL_CQ] = poll::op_poll_cq as *const () as usize;
     o[ops::REQ_NOTIFY_CQ] = poll::op_req_notify_cq as *const () as usize;
     o[ops::POST_SEND] = qp::op_post_send as *const () as usize;
@@ -38,7 +41,7 @@ fn ext_ops() -> [usize; ext::WORDS] {
     let mut o = [0usize; ext::WORDS];
     o[ext::QUERY_PORT] = port::ext_query_port as *const () as usize;
     o[ext::QUERY_DEVICE_EX] = device_ex::ext_query_device_ex as *const () as usize;
-    o[ext::ALLOC_PARENT_DOMAIN] = device_ex::ext_alloc_parent_domain as *const () as usize;
+    o[ext::ALLOC_PARENT_DOMAIN] = parent_domain::ext_alloc_parent_domain as *const () as usize;
     o[ext::ALLOC_TD] = device_ex::ext_alloc_td as *const () as usize;
     o[ext::CREATE_CQ_EX] = cq_ex::ext_create_cq_ex as *const () as usize;
     o[ext::CREATE_QP_EX] = qp_ex::ext_create_qp_ex as *const () as usize;
@@ -86,8 +89,9 @@ unsafe fn ibv_close_device(ctx: *mut IbvContext) -> c_int {
                 Kind::Qp => bv_ibv_destroy_qp(p.cast()),
                 Kind::Srq => bv_ibv_destroy_srq(p.cast()),
                 Kind::Ah => bv_ibv_destroy_ah(p.cast()),
+                Kind::Mw => mw::op_dealloc_mw(p.cast()),
                 Kind::Mr => bv_ibv_dereg_mr(p.cast()),
-                Kind::Pd => bv_ibv_dealloc_pd(p.cast()),
+                Kind::ParentPd | Kind::Pd => bv_ibv_dealloc_pd(p.cast()),
                 Kind::Cq => bv_ibv_destroy_cq(p.cast()),
                 Kind::Channel => bv_ibv_destroy_comp_channel(p.cast()),
                 Kind::Ctx => 0,
@@ -123,7 +127,9 @@ fn names(objs: &[(Kind, usize)]) -> String {
         Kind::Qp,
         Kind::Srq,
         Kind::Ah,
+        Kind::Mw,
         Kind::Mr,
+        Kind::ParentPd,
         Kind::Pd,
         Kind::Cq,
         Kind::Channel,

@@ -1,8 +1,9 @@
 //! Protection domains, and the table each keeps of the memory regions registered in it:
 //! what the library's own transports (UD, READ sinks) check before they touch an SGE's
-//! bytes.
+//! bytes. A parent domain (`parent_domain.rs`) is a [`Pd`] too, sharing its protection
+//! domain's engine PD and MR table, so every verb that takes a PD takes either.
 
-use core::ffi::c_int;
+use core::ffi::{c_int, c_void};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,16 +17,40 @@ use crate::errors::{errno_rc, fail, or_null};
 use crate::handle::free;
 use crate::live::{self, Kind};
 
+/// A parent domain's allocator and free function (`ibv_parent_domain_init_attr`).
+pub(crate) type AllocFn =
+    unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, usize, u64) -> *mut c_void;
+pub(crate) type FreeFn = unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64);
+
+/// What makes a [`Pd`] a parent domain (`parent_domain.rs`). Pointers are kept as addresses (the library's
+/// objects are shared between threads; these are only handed back to the application).
+pub(crate) struct Parent {
+    /// The protection domain (held: it cannot be deallocated first).
+    pub protection: *mut IbvPd,
+    pub alloc: Option<(AllocFn, FreeFn)>,
+    pub pd_context: usize,
+}
+
+// SAFETY: `protection` is a live PD for as long as the parent exists (it is held), and PDs
+// are used from any thread; the allocators are the application's, which rdma-core calls
+// from whichever thread creates a resource.
+unsafe impl Send for Parent {}
+// SAFETY: as above; nothing in `Parent` changes after creation.
+unsafe impl Sync for Parent {}
+
 #[repr(C)]
 pub(crate) struct Pd {
     pub ibv: IbvPd,
     pub(crate) pd: VPd,
     pub engine: Arc<Context>,
-    /// The PD's MRs by key, for SGE checks and READ sinks (see [`Pd::read_sink_key`]).
-    mrs: Mutex<HashMap<u32, MrEntry>>,
-    /// MRs, QPs, SRQs and AHs made from it: ibv_dealloc_pd is refused (EBUSY) while any
-    /// is left.
+    /// The PD's MRs by key, for SGE checks and READ sinks (see [`Pd::read_sink_key`]);
+    /// a parent domain shares its protection domain's.
+    mrs: Arc<Mutex<HashMap<u32, MrEntry>>>,
+    /// MRs, QPs, SRQs, AHs and parent domains made from it: ibv_dealloc_pd is refused
+    /// (EBUSY) while any is left.
     users: AtomicU32,
+    /// For a parent domain: its protection domain and the application's allocators.
+    pub(crate) parent: Option<Parent>,
 }
 
 /// What the library's transports need to know about a registered region.
@@ -40,6 +65,34 @@ pub(crate) struct MrEntry {
 }
 
 impl Pd {
+    /// A PD object for `pd` on `ctx`, sharing `mrs` (a new table for a protection domain,
+    /// the protection domain's for a parent domain).
+    pub(crate) fn new(
+        ctx: *mut IbvContext,
+        pd: VPd,
+        engine: Arc<Context>,
+        mrs: Arc<Mutex<HashMap<u32, MrEntry>>>,
+        parent: Option<Parent>,
+    ) -> Pd {
+        Pd {
+            ibv: IbvPd {
+                context: ctx,
+                handle: pd.handle(),
+                _pad: 0,
+            },
+            pd,
+            engine,
+            mrs,
+            users: AtomicU32::new(0),
+            parent,
+        }
+    }
+
+    /// The MR table, for a parent domain made on this PD.
+    pub(crate) fn mr_table(&self) -> Arc<Mutex<HashMap<u32, MrEntry>>> {
+        self.mrs.clone()
+    }
+
     /// An object made from this PD holds it.
     pub(crate) fn hold(&self) {
         self.users.fetch_add(1, Ordering::AcqRel);
@@ -135,17 +188,7 @@ unsafe fn alloc_pd(ctx: *mut IbvContext) -> Result<*mut IbvPd, c_int> {
     let c = unsafe { Ctx::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
     let engine = c.engine()?;
     let pd = engine.alloc_pd().map_err(fail)?;
-    let b = Box::new(Pd {
-        ibv: IbvPd {
-            context: ctx,
-            handle: pd.handle(),
-            _pad: 0,
-        },
-        pd,
-        engine,
-        mrs: Mutex::new(HashMap::new()),
-        users: AtomicU32::new(0),
-    });
+    let b = Box::new(Pd::new(ctx, pd, engine, Arc::default(), None));
     let p = Box::into_raw(b);
     live::add(Kind::Pd, p, ctx);
     Ok(p as *mut IbvPd)
@@ -157,20 +200,40 @@ pub unsafe extern "C" fn bv_ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
     errno_rc(unsafe { ibv_dealloc_pd(pd) })
 }
 
-/// The work of [`bv_ibv_dealloc_pd`]: 0, or the errno it returns (and sets).
+/// The work of [`bv_ibv_dealloc_pd`] (a protection or a parent domain): 0, or the errno it
+/// returns (and sets).
 unsafe fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
-    if !live::take(Kind::Pd, pd) {
+    let kind = if live::take(Kind::Pd, pd) {
+        Kind::Pd
+    } else if live::take(Kind::ParentPd, pd) {
+        Kind::ParentPd
+    } else {
         log::error!("dealloc_pd: {pd:p} is not a live PD (deallocated already?)");
         return libc::EINVAL;
-    }
+    };
     // SAFETY: a live PD (just checked).
-    let users = unsafe { Pd::of(pd) }.users.load(Ordering::Acquire);
+    let p = unsafe { Pd::of(pd) };
+    let users = p.users.load(Ordering::Acquire);
     if users > 0 {
         // SAFETY: as above; still live.
-        live::add(Kind::Pd, pd, unsafe { (*pd).context });
-        log::error!("dealloc_pd: {users} MRs, QPs, SRQs or AHs still use the PD");
+        live::add(kind, pd, unsafe { (*pd).context });
+        log::error!("dealloc_pd: {users} MRs, QPs, SRQs, AHs or parent domains still use the PD");
         return libc::EBUSY;
     }
-    // SAFETY: made by ibv_alloc_pd; the caller gives it up and nothing uses it.
+    if let Some(parent) = &p.parent {
+        // SAFETY: a parent domain holds its protection domain, which is therefore live.
+        unsafe { Pd::of(parent.protection) }.release();
+    }
+    // SAFETY: made by ibv_alloc_pd or ibv_alloc_parent_domain; the caller gives it up and
+    // nothing uses it.
     unsafe { free::<Pd, _>(pd) }
+}
+
+/// Refuses what is neither a live protection domain nor a live parent domain (EINVAL,
+/// logged with the verb's name).
+pub(crate) fn check(pd: *mut IbvPd, verb: &str) -> Result<(), c_int> {
+    if live::is(Kind::ParentPd, pd) {
+        return Ok(());
+    }
+    live::check(Kind::Pd, pd, verb)
 }

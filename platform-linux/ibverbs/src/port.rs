@@ -29,8 +29,9 @@ pub(crate) fn device_attr(d: &Device) -> IbvDeviceAttr {
         hw_ver: 1,
         max_qp: cap.qps as c_int,
         max_qp_wr: caps::MAX_QP_WR as c_int,
-        // IBV_DEVICE_RC_RNR_NAK_GEN.
-        device_cap_flags: 1 << 12,
+        // IBV_DEVICE_RC_RNR_NAK_GEN, IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B
+        // (type 2 windows bound to a QP of their PD: `mw.rs`).
+        device_cap_flags: (1 << 12) | (1 << 17) | (1 << 24),
         // Several SGEs both ways: split or gathered by the library on send, bounced on
         // receive (one for receives from an SRQ: max_srq_sge).
         max_sge: caps::MAX_SGE as c_int,
@@ -50,7 +51,8 @@ pub(crate) fn device_attr(d: &Device) -> IbvDeviceAttr {
         atomic_cap: IBV_ATOMIC_HCA,
         max_ee: 0,
         max_rdd: 0,
-        max_mw: 0,
+        // Windows take MR-table entries: as many as MRs.
+        max_mw: cap.mrs as c_int - 1,
         max_raw_ipv6_qp: 0,
         max_raw_ethy_qp: 0,
         max_mcast_grp: 0,

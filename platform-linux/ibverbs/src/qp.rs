@@ -14,6 +14,7 @@ use crate::handle::{free, own};
 use crate::live::{self, Kind};
 use crate::pd::Pd;
 use crate::qp_base::is_ud;
+use crate::raw_qp::{self, is_raw, IBV_QPT_RAW_PACKET};
 use crate::rc_qp::{self, Qp};
 use crate::ud_qp;
 use crate::wr_batch::{ExtOps, QpExt};
@@ -35,7 +36,7 @@ pub(crate) unsafe fn create_qp(
     attr: *mut IbvQpInitAttr,
     ext: Option<ExtOps>,
 ) -> Result<*mut IbvQp, c_int> {
-    live::check(Kind::Pd, pd, "create_qp")?;
+    crate::pd::check(pd, "create_qp")?;
     // SAFETY: a live PD.
     let (Some(p), false) = ((unsafe { own::<Pd, _>(pd) }), attr.is_null()) else {
         return Err(libc::EINVAL);
@@ -51,10 +52,14 @@ pub(crate) unsafe fn create_qp(
     let qp = match a.qp_type {
         // SAFETY: `p` is `pd`; the CQs (and SRQ) are live objects of this library.
         IBV_QPT_UD => unsafe { ud_qp::create(p, pd, a, ext) }?,
+        // SAFETY: as above. A UC QP is an RC QP with UC's interface (uc.rs).
+        IBV_QPT_RC | IBV_QPT_UC => unsafe { rc_qp::create(p, pd, a, ext) }?,
         // SAFETY: as above.
-        IBV_QPT_RC => unsafe { rc_qp::create(p, pd, a, ext) }?,
+        IBV_QPT_RAW_PACKET => unsafe { raw_qp::create(p, pd, a, ext) }?,
         other => {
-            log::error!("create_qp: QP type {other} is not supported (RC and UD only)");
+            log::error!(
+                "create_qp: QP type {other} is not supported (RC, UC, UD and raw packet only)"
+            );
             return Err(libc::EOPNOTSUPP);
         }
     };
@@ -84,9 +89,13 @@ unsafe fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     // SAFETY: a live QP (just checked): what it holds, read before it goes.
     let (pd, scq, rcq) = unsafe { ((*qp).pd, (*qp).send_cq, (*qp).recv_cq) };
     // SAFETY: a live QP.
-    let rc = if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    let rc = if ud {
         // SAFETY: a UD QP the caller gives up.
         unsafe { ud_qp::destroy(qp) }
+    } else if raw {
+        // SAFETY: a raw packet QP the caller gives up.
+        unsafe { raw_qp::destroy(qp) }
     } else {
         // SAFETY: made by ibv_create_qp; the caller gives it up.
         unsafe { free::<Qp, _>(qp) }
@@ -122,9 +131,13 @@ unsafe fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_
     let a = unsafe { &*attr };
     let mask = QpAttrMask::from_bits_truncate(mask as u32);
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: as above.
         unsafe { ud_qp::modify(qp, a, mask) }
+    } else if raw {
+        // SAFETY: as above.
+        unsafe { raw_qp::modify(qp, a, mask) }
     } else {
         // SAFETY: as above.
         unsafe { rc_qp::modify(qp, a, mask) }
@@ -156,9 +169,13 @@ unsafe fn ibv_query_qp(
         return libc::EINVAL;
     }
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: as above; both structures are writable.
         unsafe { ud_qp::query(qp, attr, init) }
+    } else if raw {
+        // SAFETY: as above.
+        unsafe { raw_qp::query(qp, attr, init) }
     } else {
         // SAFETY: as above.
         unsafe { rc_qp::query(qp, attr, init) }
@@ -202,9 +219,13 @@ pub(crate) unsafe extern "C" fn op_post_send(
     bad: *mut *mut IbvSendWr,
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: the caller's contract.
         unsafe { ud_post::post_send(qp, wr, bad) }
+    } else if raw {
+        // SAFETY: the caller's contract.
+        unsafe { raw_qp::post_send(qp, wr, bad) }
     } else {
         // SAFETY: the caller's contract.
         unsafe { rc_post::post_send(qp, wr, bad) }
@@ -221,9 +242,13 @@ pub(crate) unsafe extern "C" fn op_post_recv(
     bad: *mut *mut IbvRecvWr,
 ) -> c_int {
     // SAFETY: the caller passes a live QP.
-    if unsafe { is_ud(qp) } {
+    let (ud, raw) = unsafe { (is_ud(qp), is_raw(qp)) };
+    if ud {
         // SAFETY: the caller's contract.
         unsafe { ud_post::post_recv(qp, wr, bad) }
+    } else if raw {
+        // SAFETY: the caller's contract.
+        unsafe { raw_qp::post_recv(qp, wr, bad) }
     } else {
         // SAFETY: the caller's contract.
         unsafe { rc_post::post_recv(qp, wr, bad) }

@@ -5,7 +5,7 @@
 use core::ffi::c_int;
 use std::ptr;
 
-use bluerdma_core::qp::QpState;
+use bluerdma_core::qp::{QpAttrMask, QpState};
 
 use crate::abi::*;
 use crate::cq::Cq;
@@ -19,6 +19,36 @@ use crate::pd::Pd;
 pub(crate) unsafe fn is_ud(qp: *mut IbvQp) -> bool {
     // SAFETY: the caller's contract; qp_type is set at creation and never changes.
     !qp.is_null() && unsafe { (*qp).qp_type } == IBV_QPT_UD
+}
+
+/// Checks the attributes of a software QP's transition `cur` -> `to` (`given`, without
+/// STATE and CUR_STATE) against what it `allowed` and `required`, and a port or P_Key
+/// index the device does not have; EINVAL, logged for `what` ("UD", "raw packet").
+pub(crate) fn check_attrs(
+    what: &str,
+    (cur, to): (QpState, QpState),
+    a: &IbvQpAttr,
+    given: QpAttrMask,
+    (allowed, required): (QpAttrMask, QpAttrMask),
+) -> Result<(), c_int> {
+    if !required.difference(given).is_empty() || !given.difference(allowed).is_empty() {
+        log::error!(
+            "modify_qp ({what}): {cur:?} -> {to:?} takes {allowed:?} (requires {required:?}), \
+             got {given:?}"
+        );
+        return Err(libc::EINVAL);
+    }
+    if (given.contains(QpAttrMask::PORT) && a.port_num != 1)
+        || (given.contains(QpAttrMask::PKEY_INDEX) && a.pkey_index != 0)
+    {
+        log::error!(
+            "modify_qp ({what}): port {} / P_Key index {} do not exist",
+            a.port_num,
+            a.pkey_index
+        );
+        return Err(libc::EINVAL);
+    }
+    Ok(())
 }
 
 /// The send and receive CQs a new QP names (both are required).

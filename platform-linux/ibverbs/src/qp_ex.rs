@@ -9,7 +9,7 @@
 //! completions as ibv_post_send.
 //!
 //! What the device cannot do is refused when the QP is made (EOPNOTSUPP, naming it):
-//! ATOMIC_WRITE, memory windows, local invalidation, SEND_WITH_INV, TSO, XRC and RSS QPs,
+//! ATOMIC_WRITE, SEND_WITH_INV, TSO, XRC and RSS QPs,
 //! creation flags. Compare-and-swap and fetch-and-add are there (RC), executed by the
 //! responder's driver (`bluerdma_core::engine`'s atomics). Calling one of those `ibv_wr_*` anyway fails the batch instead of
 //! jumping through a NULL pointer.
@@ -20,6 +20,7 @@ use crate::abi::*;
 use crate::abi_ex::*;
 use crate::errors::or_null;
 use crate::live::{self, Kind};
+use crate::mw::{IbvMwBindInfo, IBV_WR_BIND_MW, IBV_WR_LOCAL_INV};
 use crate::qp::{self, op_post_send};
 use crate::qp_base::is_ud;
 use crate::wr_batch::{send_wr, ExtOps, QpExt};
@@ -31,8 +32,15 @@ const RC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_SEND_WITH_IMM
     | IBV_QP_EX_WITH_RDMA_READ
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
-    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW;
 const UD_OPS: u64 = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+/// UC QPs (`uc.rs`): no READ, no atomics.
+const UC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM;
 
 /// The names of the send operations, by bit.
 const OP_NAMES: &[(u64, &str)] = &[
@@ -43,8 +51,8 @@ const OP_NAMES: &[(u64, &str)] = &[
     (IBV_QP_EX_WITH_RDMA_READ, "RDMA_READ"),
     (IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP, "ATOMIC_CMP_AND_SWP"),
     (IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, "ATOMIC_FETCH_AND_ADD"),
-    (1 << 7, "LOCAL_INV"),
-    (1 << 8, "BIND_MW"),
+    (IBV_QP_EX_WITH_LOCAL_INV, "LOCAL_INV"),
+    (IBV_QP_EX_WITH_BIND_MW, "BIND_MW"),
     (1 << 9, "SEND_WITH_INV"),
     (1 << 10, "TSO"),
     (1 << 12, "ATOMIC_WRITE"),
@@ -106,7 +114,7 @@ unsafe fn create_qp_ex(
         log::error!("create_qp_ex: IBV_QP_INIT_ATTR_PD is required (a QP needs a PD)");
         return Err(libc::EINVAL);
     }
-    live::check(Kind::Pd, a.pd, "create_qp_ex")?;
+    crate::pd::check(a.pd, "create_qp_ex")?;
     // SAFETY: a live PD.
     if unsafe { (*a.pd).context } != ctx {
         log::error!("create_qp_ex: the PD belongs to another context");
@@ -138,6 +146,8 @@ unsafe fn create_qp_ex(
 fn ext_ops(qp_type: u32, flags: u64) -> Result<ExtOps, c_int> {
     let have = match qp_type {
         IBV_QPT_RC => RC_OPS,
+        IBV_QPT_UC => UC_OPS,
+        crate::raw_qp::IBV_QPT_RAW_PACKET => IBV_QP_EX_WITH_SEND,
         IBV_QPT_UD => UD_OPS,
         // ibv_create_qp names the type it refuses.
         _ => flags,
@@ -151,7 +161,8 @@ fn ext_ops(qp_type: u32, flags: u64) -> Result<ExtOps, c_int> {
         log::error!(
             "create_qp_ex: send_ops_flags {flags:#x} ask for {} which this device does not \
              support{} (RC QPs: RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM], RDMA_READ, \
-             ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD; UD QPs: SEND[_WITH_IMM])",
+             ATOMIC_CMP_AND_SWP, ATOMIC_FETCH_AND_ADD, BIND_MW, LOCAL_INV; UC QPs: \
+             RDMA_WRITE[_WITH_IMM], SEND[_WITH_IMM]; UD QPs: SEND[_WITH_IMM])",
             if missing.is_empty() {
                 "operations".to_string()
             } else {
@@ -386,17 +397,42 @@ unsafe extern "C" fn wr_atomic_write(qp: *mut IbvQp, _rkey: u32, _raddr: u64, _w
 
 unsafe extern "C" fn wr_bind_mw(
     qp: *mut IbvQp,
-    _mw: *mut c_void,
-    _rkey: u32,
-    _info: *const c_void,
+    mw: *mut c_void,
+    rkey: u32,
+    info: *const IbvMwBindInfo,
 ) {
+    let verb = "ibv_wr_bind_mw";
     // SAFETY: as wr_start.
-    unsafe { lacks(qp, "ibv_wr_bind_mw") }
+    let ops = unsafe { QpExt::of(qp) }.send_ops.unwrap_or(0);
+    if info.is_null() || ops & IBV_QP_EX_WITH_BIND_MW == 0 {
+        // SAFETY: as wr_start.
+        return unsafe { lacks(qp, verb) };
+    }
+    // SAFETY: the application's bind info (checked non-NULL).
+    let i = unsafe { *info };
+    // `bind_mw` overlays the request's tail (mw.rs reads it back).
+    let tail = [
+        mw as u64,
+        rkey as u64,
+        i.mr as u64,
+        i.addr,
+        i.length,
+        i.mw_access_flags as u64,
+    ];
+    // SAFETY: as wr_start.
+    unsafe { begin(qp, verb, IBV_WR_BIND_MW, |w| w._tail = tail) }
 }
 
-unsafe extern "C" fn wr_local_inv(qp: *mut IbvQp, _rkey: u32) {
+unsafe extern "C" fn wr_local_inv(qp: *mut IbvQp, rkey: u32) {
+    let verb = "ibv_wr_local_inv";
     // SAFETY: as wr_start.
-    unsafe { lacks(qp, "ibv_wr_local_inv") }
+    if unsafe { QpExt::of(qp) }.send_ops.unwrap_or(0) & IBV_QP_EX_WITH_LOCAL_INV == 0 {
+        // SAFETY: as wr_start.
+        return unsafe { lacks(qp, verb) };
+    }
+    // `invalidate_rkey` shares `imm_data`'s place, in host order.
+    // SAFETY: as wr_start.
+    unsafe { begin(qp, verb, IBV_WR_LOCAL_INV, |w| w.imm_data = rkey) }
 }
 
 unsafe extern "C" fn wr_send_inv(qp: *mut IbvQp, _rkey: u32) {

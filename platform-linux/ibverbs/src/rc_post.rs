@@ -46,6 +46,13 @@ unsafe fn expand(
     // SAFETY: a QP's PD lives as long as the QP.
     let pd = unsafe { Pd::of(q.ibv.pd) };
     // Everything that can refuse the request comes before a buffer is taken.
+    if crate::uc::is_uc(&q.ibv) && crate::uc::refuses(wr.opcode) {
+        log::error!(
+            "post_send: a UC QP has no RDMA READ or atomics (opcode {})",
+            wr.opcode
+        );
+        return Err(libc::EINVAL);
+    }
     let imm = u32::from_be(wr.imm_data);
     let op = match wr.opcode {
         IBV_WR_RDMA_WRITE => SendOp::Write,
@@ -201,6 +208,21 @@ unsafe fn post_batches(
         let mut inline_used = 0u64;
         let mut error = None;
         while !wr.is_null() && wrs.len() < BATCH {
+            // SAFETY: a list of valid requests, by the caller's contract.
+            if crate::mw::is_local(unsafe { &*wr }) {
+                // A bind or invalidation takes effect after what was posted before it.
+                if !wrs.is_empty() {
+                    break;
+                }
+                // SAFETY: as above.
+                if let Err(e) = unsafe { crate::mw::post_local(q, st, &*wr) } {
+                    error = Some((wr, e));
+                    break;
+                }
+                // SAFETY: as above.
+                wr = unsafe { (*wr).next };
+                continue;
+            }
             let before = (wrs.len(), inline_used);
             let seq = st.posted + wrs.len() as u64;
             // SAFETY: a list of valid requests, by the caller's contract.
@@ -217,6 +239,13 @@ unsafe fn post_batches(
                     break;
                 }
             }
+        }
+        if wrs.is_empty() {
+            // Only local operations (or a refusal) in this round.
+            if let Some(e) = error {
+                return Err(e);
+            }
+            continue;
         }
         // SAFETY: the verbs contract: buffers belong to the requests until completion.
         let result = unsafe { q.qp.post_send(wrs) };

@@ -19,6 +19,7 @@ use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
 use crate::rc_rings::PostState;
 use crate::rc_scatter::QpScatter;
 use crate::srq::{Srq, SrqLink};
+use crate::uc;
 use crate::wr_batch::{ExtOps, QpExt};
 
 #[repr(C)]
@@ -48,7 +49,8 @@ impl Drop for Qp {
 
 const _: () = assert!(core::mem::offset_of!(Qp, ext) == core::mem::size_of::<IbvQp>());
 
-/// ibv_create_qp for IBV_QPT_RC (and ibv_create_qp_ex, which passes the `ibv_wr_*` table).
+/// ibv_create_qp for IBV_QPT_RC and IBV_QPT_UC (`uc.rs`; and ibv_create_qp_ex, which passes
+/// the `ibv_wr_*` table).
 ///
 /// # Safety
 /// `pd` is the PD `p` was read from; `a`'s CQs and SRQ are NULL or from this library.
@@ -131,6 +133,19 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
     // SAFETY: the caller's contract.
     let Some(q) = (unsafe { own::<Qp, _>(qp) }) else {
         return libc::EINVAL;
+    };
+    let uc_rc;
+    let (a, mask) = if uc::is_uc(&q.ibv) {
+        let state = QpState::from_ibv(q.ibv.state);
+        match uc::as_rc(state, a, mask) {
+            Ok(rc) => {
+                uc_rc = rc;
+                (&uc_rc.0, uc_rc.1)
+            }
+            Err(e) => return e,
+        }
+    } else {
+        (a, mask)
     };
     if mask.contains(QpAttrMask::PORT) && a.port_num != 1 {
         log::error!(

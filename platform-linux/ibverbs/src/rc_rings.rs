@@ -12,10 +12,11 @@ use std::collections::VecDeque;
 
 use bluerdma_core::desc::AccessFlags;
 use bluerdma_core::engine::SendWr;
-use bluerdma_linux::verbs::{Mr as VMr, Qp as VQp};
+use bluerdma_linux::verbs::Qp as VQp;
 
 use crate::caps::MAX_INLINE;
 use crate::errors::fail;
+use crate::parent_domain::{ring, RingMem};
 use crate::pd::Pd;
 
 /// Engine requests the post path hands the engine per call (one doorbell per batch).
@@ -26,12 +27,12 @@ const GATHER_BYTES: usize = 4 << 20;
 
 /// Per-QP state of the send path (behind the QP's post lock).
 pub(crate) struct PostState {
-    inline: Option<VMr>,
+    inline: Option<RingMem>,
     /// Slots of the inline ring.
     inline_slots: u64,
     /// Inline requests posted (slot = count mod slots).
     pub(crate) inline_next: u64,
-    gather: Option<VMr>,
+    gather: Option<RingMem>,
     /// Next free byte of the gather ring.
     gather_head: usize,
     /// Gather regions in use: (engine post number, offset, length), oldest first.
@@ -79,14 +80,10 @@ impl PostState {
         let slots = self.inline_slots;
         if self.inline.is_none() {
             let len = (slots * MAX_INLINE as u64) as usize;
-            self.inline = Some(
-                pd.pd
-                    .alloc_mr(len, AccessFlags::LOCAL_WRITE)
-                    .map_err(fail)?,
-            );
+            self.inline = Some(ring(pd, len, AccessFlags::LOCAL_WRITE)?);
         }
         let mr = self.inline.as_mut().ok_or(libc::ENOMEM)?;
-        let (base, key) = (mr.addr(), mr.key().get());
+        let (base, key) = (mr.addr(), mr.key());
         let at = (((self.inline_next + used) % slots) * MAX_INLINE as u64) as usize;
         let buf = mr.bytes_mut().ok_or(libc::ENOMEM)?;
         Ok((
@@ -109,8 +106,7 @@ impl PostState {
             return Err(libc::EINVAL);
         }
         if self.gather.is_none() {
-            let mr = pd.pd.alloc_mr(GATHER_BYTES, AccessFlags::LOCAL_WRITE);
-            self.gather = Some(mr.map_err(fail)?);
+            self.gather = Some(ring(pd, GATHER_BYTES, AccessFlags::LOCAL_WRITE)?);
         }
         // Free what the card is done with.
         if !self.gather_live.is_empty() {
@@ -136,7 +132,7 @@ impl PostState {
         self.gather_head = at + len;
         self.gather_live.push_back((seq, at, len));
         let mr = self.gather.as_mut().ok_or(libc::ENOMEM)?;
-        let (base, key) = (mr.addr(), mr.key().get());
+        let (base, key) = (mr.addr(), mr.key());
         let buf = mr.bytes_mut().ok_or(libc::ENOMEM)?;
         Ok((base + at as u64, key, &mut buf[at..at + len]))
     }

@@ -273,7 +273,7 @@ pub unsafe extern "C" fn bv_ibv_create_srq(
     pd: *mut IbvPd,
     init: *mut IbvSrqInitAttr,
 ) -> *mut IbvSrq {
-    if live::check(Kind::Pd, pd, "create_srq").is_err() || init.is_null() {
+    if crate::pd::check(pd, "create_srq").is_err() || init.is_null() {
         return null(libc::EINVAL);
     }
     if live::count(Kind::Srq) >= MAX_SRQ as usize {

@@ -16,7 +16,7 @@ use crate::abi::*;
 use crate::caps::{self, UD_MAX_RECV_WR as MAX_RECV_WR, UD_MAX_SGE as MAX_SGE};
 use crate::handle::{free, own};
 use crate::pd::Pd;
-use crate::qp_base::{init_attr_of, new_ibv_qp, qp_cqs};
+use crate::qp_base::{check_attrs, init_attr_of, new_ibv_qp, qp_cqs};
 use crate::ud_rx::{dispatch_for, Dispatch, UdShared};
 use crate::wr_batch::{ExtOps, QpExt};
 
@@ -165,22 +165,8 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         }
     };
     let given = mask - QpAttrMask::STATE - QpAttrMask::CUR_STATE;
-    if !required.difference(given).is_empty() || !given.difference(allowed).is_empty() {
-        log::error!(
-            "modify_qp (UD): {cur:?} -> {to:?} takes {allowed:?} (requires {required:?}), \
-             got {given:?}"
-        );
-        return libc::EINVAL;
-    }
-    if (given.contains(QpAttrMask::PORT) && a.port_num != 1)
-        || (given.contains(QpAttrMask::PKEY_INDEX) && a.pkey_index != 0)
-    {
-        log::error!(
-            "modify_qp (UD): port {} / P_Key index {} do not exist",
-            a.port_num,
-            a.pkey_index
-        );
-        return libc::EINVAL;
+    if let Err(e) = check_attrs("UD", (cur, to), a, given, (allowed, required)) {
+        return e;
     }
     if given.contains(QpAttrMask::QKEY) {
         q.shared.qkey.store(a.qkey, Ordering::Release);

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use bluerdma_core::oob::{AtomicMessage, RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, CheckMessage, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use super::{BackendSpec, DeviceEntry, DeviceList, Settings};
@@ -198,6 +198,11 @@ impl<T: OobTransport> OobTransport for MappedOob<T> {
         self.inner.send_atomic(to, msg).map_err(|e| self.error(e))
     }
 
+    fn send_check(&mut self, peer: Ipv4Addr, msg: &CheckMessage) -> Result<(), PlatformError> {
+        let to = self.out(peer);
+        self.inner.send_check(to, msg).map_err(|e| self.error(e))
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         Some(match self.inner.poll()? {
             OobEvent::RecvWr { from, wr } => OobEvent::RecvWr {
@@ -209,6 +214,10 @@ impl<T: OobTransport> OobTransport for MappedOob<T> {
                 rec,
             },
             OobEvent::Atomic { from, msg } => OobEvent::Atomic {
+                from: self.back(from),
+                msg,
+            },
+            OobEvent::Check { from, msg } => OobEvent::Check {
                 from: self.back(from),
                 msg,
             },

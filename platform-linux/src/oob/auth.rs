@@ -121,5 +121,5 @@ mod tests {
     }
 
     const EXPECTED_LISTENER_PROOF: &str =
-        "6177ce32f91850779aa494b02bb8face84923b6cd3135e2d81608d7405a8ea5a";
+        "9129407598c99884d3e2a918a63412b41074e500d650eeb1140685fd9ffb7d15";
 }

@@ -127,7 +127,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use bluerdma_core::oob::{AtomicMessage, Record, RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, CheckMessage, Record, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use auth::Auth;
@@ -392,6 +392,14 @@ impl TcpOob {
                     from: peer,
                     msg: AtomicMessage::Reply(reply),
                 },
+                Record::AccessCheck(c) => OobEvent::Check {
+                    from: peer,
+                    msg: CheckMessage::Check(c),
+                },
+                Record::AccessVerdict(v) => OobEvent::Check {
+                    from: peer,
+                    msg: CheckMessage::Verdict(v),
+                },
             });
             shared.events_len.store(q.events.len(), Ordering::SeqCst);
             Counters::add(&counters.records_sent, 1);
@@ -434,6 +442,20 @@ impl OobTransport for TcpOob {
             &match *msg {
                 AtomicMessage::Request(r) => Record::AtomicRequest(r),
                 AtomicMessage::Reply(r) => Record::AtomicReply(r),
+            },
+        )
+    }
+
+    /// Queues an access check or verdict like [`TcpOob::send`] does a receive WR; it is
+    /// written only if `peer`'s hello announced
+    /// [`ACCESS_CHECKS`](bluerdma_core::oob::Capabilities::ACCESS_CHECKS) (else dropped and
+    /// counted in `records_withheld`: the check goes unanswered).
+    fn send_check(&mut self, peer: Ipv4Addr, msg: &CheckMessage) -> Result<(), PlatformError> {
+        self.queue(
+            peer,
+            &match *msg {
+                CheckMessage::Check(c) => Record::AccessCheck(c),
+                CheckMessage::Verdict(v) => Record::AccessVerdict(v),
             },
         )
     }

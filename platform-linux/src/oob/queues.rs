@@ -75,12 +75,15 @@ pub(super) struct Withheld {
 
 /// Removes from `queued` (whole records, kept in order otherwise) what a peer with
 /// capabilities `caps` does not take: receive-WR-too-short records without
-/// LENGTH_ERRORS, atomic requests and replies without ATOMICS.
+/// LENGTH_ERRORS, atomic requests and replies without ATOMICS, access checks and verdicts
+/// without ACCESS_CHECKS.
 pub(super) fn withhold(queued: &mut Vec<u8>, caps: Capabilities) -> Withheld {
     let kind = |k: RecordKind| Some(k as u32);
     let refused = |r: &[u8]| {
         let k = RecordKind::of(r);
         !caps.contains(Capabilities::LENGTH_ERRORS) && k == kind(RecordKind::RecvTooShort)
+            || !caps.contains(Capabilities::ACCESS_CHECKS)
+                && (k == kind(RecordKind::AccessCheck) || k == kind(RecordKind::AccessVerdict))
             || !caps.contains(Capabilities::ATOMICS)
                 && [
                     RecordKind::AtomicRequest,

@@ -6,13 +6,16 @@
 //! ("peer lost"): both ends then get [`OobEvent::PeerLost`], what was in flight is lost,
 //! and sends fail until it is restored. Atomic messages can be lost one by one, and a side
 //! can be made one whose hello lacks ATOMICS: its channel peer then answers requests for
-//! it with status unsupported, as the TCP channel does.
+//! it with status unsupported, as the TCP channel does. Access checks reach a side only
+//! when it is made one that answers them (`Pair::set_oob_access_checks`).
 
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bluerdma_core::oob::{AtomicMessage, AtomicReply, AtomicStatus, RecvTooShort, RecvWr};
+use bluerdma_core::oob::{
+    AtomicMessage, AtomicReply, AtomicStatus, CheckMessage, RecvTooShort, RecvWr,
+};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use super::Side;
@@ -35,6 +38,9 @@ pub(super) struct OobWire {
     pub(super) atomics: [bool; 2],
     /// Atomic messages to each side still to be lost.
     pub(super) drop_atomics: [u32; 2],
+    /// Whether each side answers access checks (its hello's ACCESS_CHECKS; default no, so
+    /// a refused request ends in RETRY_EXC_ERR as on a card without them).
+    pub(super) access_checks: [bool; 2],
 }
 
 impl OobWire {
@@ -48,6 +54,7 @@ impl OobWire {
             sent: [0; 2],
             atomics: [true; 2],
             drop_atomics: [0; 2],
+            access_checks: [false; 2],
         }))
     }
 
@@ -151,6 +158,18 @@ impl OobTransport for PairOob {
         }
         drop(w);
         self.queue(peer, OobEvent::Atomic { from, msg: *msg })
+    }
+
+    fn send_check(&mut self, peer: Ipv4Addr, msg: &CheckMessage) -> Result<(), PlatformError> {
+        let (me, to) = (self.side.index(), self.side.peer().index());
+        let w = self.wire();
+        let from = w.ips[me];
+        if !w.access_checks[to] && !w.cut && peer == w.ips[to] {
+            // The peer's hello lacks ACCESS_CHECKS: withheld, never answered (TcpOob).
+            return Ok(());
+        }
+        drop(w);
+        self.queue(peer, OobEvent::Check { from, msg: *msg })
     }
 
     fn poll(&mut self) -> Option<OobEvent> {

@@ -135,6 +135,41 @@ impl Pair {
         Ok(self.command(mr.side, |dev, c| dev.dereg_mr(mr.key, c))?)
     }
 
+    /// Re-registers `mr` in place with PD `pd` and `access` (same bytes); its key is the
+    /// engine's answer (a new key byte when the PD changes).
+    pub fn rereg_mr(&mut self, mr: &mut Mr, pd: u32, access: AccessFlags) -> Result<(), PairError> {
+        let (key, va, len) = (mr.key, mr.va, mr.len);
+        mr.key = self.command(mr.side, |dev, c| {
+            dev.rereg_mr(key, pd, VirtAddr(va), len as u64, access, c)
+        })?;
+        Ok(())
+    }
+
+    /// Allocates a memory window on `side`'s PD `pd`.
+    pub fn alloc_mw(&mut self, side: Side, pd: u32) -> Result<MrKey, PairError> {
+        Ok(self.node(side).dev.alloc_mw(pd)?)
+    }
+
+    /// Binds window `mw` under `new_key` to `len` bytes of `mr` from `off` with `access`.
+    pub fn bind_mw(
+        &mut self,
+        mw: MrKey,
+        new_key: MrKey,
+        mr: &Mr,
+        (off, len): (usize, usize),
+        access: AccessFlags,
+    ) -> Result<(), PairError> {
+        let (key, va) = (mr.key, mr.va + off as u64);
+        Ok(self.command(mr.side, |dev, c| {
+            dev.bind_mw(mw, new_key, key, va, len as u64, access, c)
+        })?)
+    }
+
+    /// Invalidates the window bound under `key` on `side`.
+    pub fn invalidate_mw(&mut self, side: Side, key: MrKey) -> Result<(), PairError> {
+        Ok(self.command(side, |dev, c| dev.invalidate_mw(key, c))?)
+    }
+
     /// The bytes of `mr`.
     pub fn bytes(&mut self, mr: &Mr) -> &[u8] {
         self.node(mr.side).bufs[mr.buf].as_mut_slice()

@@ -329,6 +329,10 @@ impl Machine {
                     from: conn.peer,
                     msg: AtomicMessage::Reply(reply),
                 },
+                Ok(Some(OobMessage::Check(msg))) => OobEvent::Check {
+                    from: conn.peer,
+                    msg,
+                },
                 Ok(Some(OobMessage::Hello(hello))) => {
                     if !self.on_hello(token, hello) {
                         return false;

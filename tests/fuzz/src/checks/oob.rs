@@ -1,6 +1,7 @@
 //! The out-of-band targets: what a peer driver sends over TCP (core/src/oob).
 
 use super::Chunks;
+use bluerdma_core::oob::{AccessCheck, AccessVerdict};
 use bluerdma_core::oob::{AtomicReply, AtomicRequest, Record, RecvTooShort, RecvWr};
 use bluerdma_core::oob::{Hello, HELLO_LEN};
 use bluerdma_core::oob::{OobDecoder, OobError, OobMessage};
@@ -19,7 +20,7 @@ pub fn oob_hello(data: &[u8]) {
     );
 }
 
-/// The out-of-band records (core/src/oob/codec.rs, atomic.rs), 32 bytes each (an atomic
+/// The out-of-band records (core/src/oob/codec.rs, atomic.rs, check.rs), 32 bytes each (an atomic
 /// request is two): [`Record::parse`] and the per-kind parsers agree (exactly one takes a
 /// record that decodes, none what it refuses), and a record that decodes re-encodes to
 /// exactly its bytes.
@@ -29,7 +30,9 @@ pub fn oob_record(data: &[u8]) {
     let short = RecvTooShort::parse(data).map(|(r, rest)| (Record::RecvTooShort(r), rest));
     let request = AtomicRequest::parse(data).map(|(r, rest)| (Record::AtomicRequest(r), rest));
     let reply = AtomicReply::parse(data).map(|(r, rest)| (Record::AtomicReply(r), rest));
-    let kinds = [wr, short, request, reply];
+    let check = AccessCheck::parse(data).map(|(r, rest)| (Record::AccessCheck(r), rest));
+    let verdict = AccessVerdict::parse(data).map(|(r, rest)| (Record::AccessVerdict(r), rest));
+    let kinds = [wr, short, request, reply, check, verdict];
     match any {
         Ok((record, rest)) => {
             let bytes = record
