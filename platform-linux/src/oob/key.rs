@@ -246,8 +246,11 @@ pub(super) fn read_key_file(path: &Path) -> Result<OobSecret, KeyError> {
 /// complete under its name (a hard link of a finished temporary file), and the second
 /// process reads the first one's.
 pub(super) fn load_or_create(path: &Path) -> Result<OobSecret, KeyError> {
+    // Whether the file was there is asked before reading it: asked after a failed read, a
+    // file another process created in between made this one report "does not exist".
+    let existed = path.exists();
     match read_key_file(path) {
-        Err(e) if !path.exists() && e.path.is_some() => {}
+        Err(e) if !existed && e.path.is_some() => {}
         other => return other,
     }
     let fail = |problem: String| KeyError::new(Some(path), problem);
