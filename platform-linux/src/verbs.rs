@@ -14,7 +14,7 @@
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -29,7 +29,9 @@ use bluerdma_core::platform::OobTransport;
 use bluerdma_core::qp::QpType;
 use bluerdma_core::time::{Instant, Nanos};
 
-use crate::backend::{Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, OpenError};
+use crate::backend::{
+    Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, InlineCard, OpenError,
+};
 use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
 
@@ -123,6 +125,14 @@ struct Inner {
     /// Keeps the backend alive; dropped first when the last handle goes (the card stops
     /// touching the engine's DMA buffers before [`Device::close`] frees them).
     handle: ManuallyDrop<Mutex<Box<dyn BackendHandle>>>,
+    /// The card, when it runs in the driver's threads: polls step it, and the progress
+    /// thread waits in its link ([`progress`]).
+    inline: Option<Arc<dyn InlineCard>>,
+    /// When an application thread last polled a CQ (ns since `epoch`): while it spins, the
+    /// progress thread leaves the card to it.
+    app_polled: AtomicU64,
+    /// The progress thread waits in the inline card's link: a kick must wake the link.
+    deep_sleep: AtomicBool,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
     armed: Mutex<Vec<Weak<CqInner>>>,
     /// The consumer of received simple-NIC frames ([`Context::set_raw_handler`]).
@@ -143,6 +153,8 @@ impl Drop for Inner {
         // not touch the DMA buffers the engine frees.
         // SAFETY: `handle` is dropped once, here, and never used again.
         unsafe { ManuallyDrop::drop(&mut self.handle) };
+        // An inline card goes with it (the engine's doorbells ring nothing after this).
+        self.inline = None;
         // SAFETY: `dev` is taken once, here, and never used again.
         let dev = unsafe { ManuallyDrop::take(&mut self.dev) };
         let dev = dev.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -168,6 +180,28 @@ impl Inner {
 
     fn kick(&self) {
         kick(&self.kick);
+        if self.deep_sleep.load(Ordering::SeqCst) {
+            if let Some(card) = &self.inline {
+                card.wake();
+            }
+        }
+    }
+
+    /// After new work was posted: wakes the progress thread, unless the card is inline and
+    /// the progress thread is not in its deep sleep (the doorbell already ran the card,
+    /// and a thread that sleeps briefly while the application spins looks again soon).
+    fn kick_posted(&self) {
+        if self.inline.is_none() || self.deep_sleep.load(Ordering::SeqCst) {
+            self.kick();
+        }
+    }
+
+    /// An application thread is about to poll: note it, and let an inline card receive.
+    fn app_poll(&self, now: Instant) {
+        if let Some(card) = &self.inline {
+            self.app_polled.store(now.0, Ordering::Relaxed);
+            card.receive();
+        }
     }
 }
 
@@ -210,6 +244,7 @@ impl Context {
             tuning,
             buffers,
             handle,
+            inline,
         } = backend;
         let mut cfg = DeviceConfig::new(spec.mac, spec.ip);
         cfg.page_size = spec.page_size;
@@ -239,6 +274,9 @@ impl Context {
             kind,
             buffers,
             handle: ManuallyDrop::new(Mutex::new(handle)),
+            inline,
+            app_polled: AtomicU64::new(0),
+            deep_sleep: AtomicBool::new(false),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),
             raw_wanted: AtomicBool::new(false),
@@ -382,7 +420,8 @@ impl Context {
     /// Drives the engine once (the progress thread does this too).
     pub fn poll(&self) -> bool {
         let now = self.inner.now();
-        self.inner.lock().poll(now)
+        let card = self.inner.inline.as_ref().is_some_and(|c| c.step());
+        self.inner.lock().poll(now) | card
     }
 }
 impl Drop for Context {
@@ -592,6 +631,7 @@ impl Cq {
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Error> {
         let ctx = &self.0.ctx;
         let now = ctx.now();
+        ctx.app_poll(now);
         let mut dev = ctx.lock();
         dev.poll(now);
         let n = dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))?;

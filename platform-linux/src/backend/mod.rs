@@ -254,6 +254,21 @@ pub fn register_counters(regs: &dyn RegisterAccess) -> String {
     s
 }
 
+/// A card that runs in the driver's own threads (the inline emulated card): the verbs layer
+/// steps it where a real card would work by itself. Its doorbells step it through the
+/// register access already; these are the other places.
+pub trait InlineCard: Send + Sync {
+    /// Runs the receive side once (an application polling its CQ); whether it did work.
+    fn receive(&self) -> bool;
+    /// Runs both sides once (the progress thread's round); whether they did work.
+    fn step(&self) -> bool;
+    /// Waits up to `timeout` for a frame or [`InlineCard::wake`], then runs the receive
+    /// side (the progress thread with nothing to do).
+    fn wait(&self, timeout: Duration) -> bool;
+    /// Ends a thread's [`InlineCard::wait`].
+    fn wake(&self);
+}
+
 /// A device's platform parts, from one of the providers.
 pub struct Backend {
     /// Which backend.
@@ -270,6 +285,8 @@ pub struct Backend {
     pub buffers: BufferKind,
     /// What keeps the backend alive.
     pub handle: Box<dyn BackendHandle>,
+    /// The card, if it runs in the driver's threads.
+    pub inline: Option<Arc<dyn InlineCard>>,
 }
 
 impl fmt::Debug for Backend {

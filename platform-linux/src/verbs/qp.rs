@@ -212,7 +212,7 @@ impl Qp {
                 },
             )
         });
-        ctx.kick();
+        ctx.kick_posted();
         r
     }
 

@@ -56,6 +56,10 @@ impl<S: FrameSender + ?Sized> FrameSender for Box<S> {
     }
 }
 
+/// Ends a [`LinkPort::recv_frames`] wait on its port from another thread: the inline
+/// card's progress thread waits in the link, and a driver that has work for it rings this.
+pub type LinkWaker = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 /// One card's port on the link.
 pub trait LinkPort: Send {
     /// Transmits Ethernet frames (destination MAC first, no FCS), in order. A frame the
@@ -78,6 +82,12 @@ pub trait LinkPort: Send {
     /// thread while this one blocks in [`LinkPort::recv_frames`]. Fails only if the
     /// transport cannot give one (e.g. the socket cannot be duplicated).
     fn sender(&self) -> io::Result<Box<dyn FrameSender>>;
+    /// A way to end this port's [`LinkPort::recv_frames`] wait early (the call returns,
+    /// perhaps with no frame), if the transport has one. Wrappers return their inner
+    /// port's.
+    fn waker(&self) -> Option<LinkWaker> {
+        None
+    }
 }
 
 impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
@@ -99,5 +109,9 @@ impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
 
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
         (**self).sender()
+    }
+
+    fn waker(&self) -> Option<LinkWaker> {
+        (**self).waker()
     }
 }

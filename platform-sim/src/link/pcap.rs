@@ -235,6 +235,10 @@ impl<L: LinkPort> LinkPort for CapturingLink<L> {
         self.inner.stats()
     }
 
+    fn waker(&self) -> Option<super::LinkWaker> {
+        self.inner.waker()
+    }
+
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
         Ok(Box::new(CapturingSender {
             inner: self.inner.sender()?,

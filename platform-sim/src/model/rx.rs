@@ -72,6 +72,11 @@ impl RxEngine {
         }
     }
 
+    /// Whether reports wait for room in a card-to-host ring.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     fn next_timeout(&self) -> Duration {
         if self.shared.frozen() {
             // Nothing to flush and no timer to run: only frames to drop.

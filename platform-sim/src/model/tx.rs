@@ -109,15 +109,9 @@ impl TxEngine {
         work
     }
 
-    fn fetch(&mut self, id: RingId) -> usize {
+    fn fetch(&mut self, id: RingId, max: usize) -> usize {
         self.descs.clear();
-        match rings::fetch(
-            &self.shared.regs,
-            &mut *self.dma,
-            id,
-            &mut self.descs,
-            FETCH_BATCH,
-        ) {
+        match rings::fetch(&self.shared.regs, &mut *self.dma, id, &mut self.descs, max) {
             Ok(n) => n,
             Err(e) => {
                 NicStats::bump(&self.shared.stats.dma_faults);
@@ -128,7 +122,15 @@ impl TxEngine {
     }
 
     fn commands(&mut self) -> bool {
-        if self.fetch(RingId::CmdRequest) == 0 {
+        // An inline card runs in the driver's thread and cannot wait for it to free the
+        // response ring: it takes only the commands it can answer (each has one response
+        // at most), as a card blocked on a full response ring would.
+        let max = if self.shared.inline {
+            FETCH_BATCH.min(rings::free_slots(&self.shared.regs, RingId::CmdResponse) as usize)
+        } else {
+            FETCH_BATCH
+        };
+        if max == 0 || self.fetch(RingId::CmdRequest, max) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);
@@ -150,7 +152,7 @@ impl TxEngine {
     }
 
     fn send_ring(&mut self) -> bool {
-        if self.shared.frozen() || self.fetch(RingId::Send(0)) == 0 {
+        if self.shared.frozen() || self.fetch(RingId::Send(0), FETCH_BATCH) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);
@@ -378,7 +380,7 @@ impl TxEngine {
     }
 
     fn simple_tx(&mut self) -> bool {
-        if self.shared.frozen() || self.fetch(RingId::SimpleNicTx) == 0 {
+        if self.shared.frozen() || self.fetch(RingId::SimpleNicTx, FETCH_BATCH) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);

@@ -523,6 +523,21 @@ impl LinkPort for ShmLink {
         self.udp.stats()
     }
 
+    /// A wake message to this card's own bell: the `ppoll` of a waiting receive returns.
+    fn waker(&self) -> Option<super::LinkWaker> {
+        let bell = match PeerBell::connect(self.rx.bell.path()) {
+            Ok(b) => b,
+            Err(e) => {
+                log::warn!("link {}: no waker on its own bell: {e}", self.rx.me);
+                return None;
+            }
+        };
+        Some(Arc::new(move || {
+            // A full bell queue already wakes the receiver.
+            let _ = bell.send(BellMsg::Wake, None);
+        }))
+    }
+
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
         Ok(Box::new(ShmSender::new(
             Arc::clone(&self.tx.out),
