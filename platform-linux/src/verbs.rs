@@ -128,9 +128,10 @@ struct Inner {
     /// The card, when it runs in the driver's threads: polls step it, and the progress
     /// thread waits in its link ([`progress`]).
     inline: Option<Arc<dyn InlineCard>>,
-    /// When an application thread last polled a CQ (ns since `epoch`): while it spins, the
-    /// progress thread leaves the card to it.
-    app_polled: AtomicU64,
+    /// When an application thread's CQ poll last found nothing (ns since `epoch`; 0 after
+    /// one that found completions): while it spins on a CQ, the progress thread leaves the
+    /// card to it.
+    app_spins: AtomicU64,
     /// The progress thread waits in the inline card's link: a kick must wake the link.
     deep_sleep: AtomicBool,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
@@ -196,11 +197,20 @@ impl Inner {
         }
     }
 
-    /// An application thread is about to poll: note it, and let an inline card receive.
-    fn app_poll(&self, now: Instant) {
+    /// An application thread is about to poll: an inline card receives first.
+    fn app_poll(&self) {
         if let Some(card) = &self.inline {
-            self.app_polled.store(now.0, Ordering::Relaxed);
             card.receive();
+        }
+    }
+
+    /// An application thread's poll found `n` completions at `now`: one that found none
+    /// spins (see `app_spins`); one that found some goes off to use them (and may spin on
+    /// memory, where only the progress thread can receive for it).
+    fn app_polled(&self, now: Instant, n: usize) {
+        if self.inline.is_some() {
+            let at = if n == 0 { now.0.max(1) } else { 0 };
+            self.app_spins.store(at, Ordering::Relaxed);
         }
     }
 }
@@ -275,7 +285,7 @@ impl Context {
             buffers,
             handle: ManuallyDrop::new(Mutex::new(handle)),
             inline,
-            app_polled: AtomicU64::new(0),
+            app_spins: AtomicU64::new(0),
             deep_sleep: AtomicBool::new(false),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),
@@ -631,11 +641,12 @@ impl Cq {
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Error> {
         let ctx = &self.0.ctx;
         let now = ctx.now();
-        ctx.app_poll(now);
+        ctx.app_poll();
         let mut dev = ctx.lock();
         dev.poll(now);
         let n = dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))?;
         drop(dev);
+        ctx.app_polled(now, n);
         if n == 0 {
             // An application spinning on an empty CQ (ibv_rc_pingpong, perftest) would
             // otherwise keep the emulated card's threads and the peer off the CPU on a

@@ -110,14 +110,11 @@ pub(super) fn progress_loop(inner: &Inner) {
                 .unwrap_or(backoff)
         };
         if let Some(card) = &inner.inline {
-            let polled_ago = inner
-                .now()
-                .0
-                .saturating_sub(inner.app_polled.load(Ordering::Relaxed));
-            if polled_ago < APP_SPINS.as_nanos() as u64 {
-                // The application polls: its polls run the card and the engine, with no
-                // wake-up of this thread. Look again in a while for what only this thread
-                // does (armed CQs, raw frames, events) and for the application to stop.
+            let spins = inner.app_spins.load(Ordering::Relaxed);
+            if spins != 0 && inner.now().0.saturating_sub(spins) < APP_SPINS.as_nanos() as u64 {
+                // The application spins on a CQ: its polls run the card and the engine
+                // with no wake-up of any thread. Look again in a while for what only this
+                // thread does (armed CQs, raw frames, events) and for the spin to end.
                 wait_kick(inner, APP_SPINS.min(until_deadline(APP_SPINS)));
                 continue;
             }
@@ -143,9 +140,9 @@ pub(super) fn progress_loop(inner: &Inner) {
 
 /// Idle rounds spent yielding before the thread sleeps.
 const SPIN_ROUNDS: u32 = 64;
-/// An application that polled within this long still spins (inline card): the progress
-/// thread stays out of its way and looks again after this long.
-const APP_SPINS: Duration = Duration::from_millis(1);
+/// An application whose CQ poll found nothing this recently still spins on it (inline
+/// card): the progress thread stays out of the link and looks again after this long.
+const APP_SPINS: Duration = Duration::from_micros(200);
 /// The longest wait in an inline card's link with no deadline (the engine's timers all
 /// have deadlines; this only bounds what a missed wake-up could cost).
 const DEEP_WAIT: Duration = Duration::from_millis(100);

@@ -60,10 +60,6 @@ pub struct InlineNic {
     tx_again: AtomicBool,
     /// The same for the receive side.
     rx_again: AtomicBool,
-    /// A thread waits in the link holding the receive side.
-    waiting: AtomicBool,
-    /// Someone woke that thread already (one wake message per wait).
-    woken: AtomicBool,
     waker: Option<LinkWaker>,
 }
 
@@ -86,8 +82,6 @@ impl InlineNic {
             rx: Mutex::new(rx),
             tx_again: AtomicBool::new(false),
             rx_again: AtomicBool::new(false),
-            waiting: AtomicBool::new(false),
-            woken: AtomicBool::new(false),
             waker,
         })
     }
@@ -105,15 +99,11 @@ impl InlineNic {
     }
 
     /// The receive side takes what the link holds, runs its timers and writes the reports
-    /// that found room. Returns whether this thread did work. A thread waiting in the link
-    /// is woken to do it, so a caller never waits behind a sleeper.
+    /// that found room. Returns whether this thread did work. While a thread waits in the
+    /// link ([`InlineNic::wait`]) this does nothing: a frame that arrives wakes that thread,
+    /// which receives it.
     pub fn receive(&self) -> bool {
-        let work = combine(&self.rx, &self.rx_again, |rx| rx.step_now());
-        if !work && self.waiting.load(Ordering::SeqCst) && !self.woken.swap(true, Ordering::SeqCst)
-        {
-            self.wake();
-        }
-        work
+        combine(&self.rx, &self.rx_again, |rx| rx.step_now())
     }
 
     /// Both sides, receive first.
@@ -134,14 +124,11 @@ impl InlineNic {
         if self.waker.is_none() {
             timeout = timeout.min(UNWAKEABLE_WAIT);
         }
-        self.woken.store(false, Ordering::SeqCst);
-        self.waiting.store(true, Ordering::SeqCst);
         let n = if self.rx_again.swap(false, Ordering::AcqRel) {
             rx.step(Duration::ZERO)
         } else {
             rx.step(timeout)
         };
-        self.waiting.store(false, Ordering::SeqCst);
         drop(rx);
         // Notes left while this thread waited.
         if self.rx_again.load(Ordering::SeqCst) {

@@ -60,6 +60,9 @@ pub const SHM_ENV: &str = "BLUERDMA_LINK_SHM";
 pub const MAX_RX_RINGS: usize = 64;
 /// A busy receiver looks at its UDP socket and bell once every this many calls.
 const SOCKET_CHECK_EVERY: u32 = 8;
+/// A receiver called with nothing to take and no time to wait looks at its UDP socket and
+/// bell if it has not for this long.
+const SOCKET_CHECK_IDLE: Duration = Duration::from_micros(50);
 /// Bell messages handled per call.
 const BELL_BATCH: usize = 64;
 
@@ -275,6 +278,8 @@ struct Receiver {
     msg: [u8; 64],
     fds: Vec<OwnedFd>,
     calls_since_sockets: u32,
+    /// When the sockets were last looked at.
+    sockets_checked: Instant,
     next_probe: Instant,
 }
 
@@ -291,6 +296,7 @@ impl Receiver {
             msg: [0; 64],
             fds: Vec::new(),
             calls_since_sockets: 0,
+            sockets_checked: Instant::now(),
             next_probe: Instant::now() + cfg.probe_every,
         }
     }
@@ -305,7 +311,10 @@ impl Receiver {
         let mut n = self.poll_rings(&stats, on_frame);
         self.calls_since_sockets += 1;
         if n > 0 || timeout.is_zero() {
-            if n == 0 || self.calls_since_sockets >= SOCKET_CHECK_EVERY {
+            // A caller that spins (a driver polling its CQ) looks at the sockets now and
+            // then, not at every call: a system call each time would be most of its cost.
+            let idle_check = n == 0 && self.sockets_checked.elapsed() >= SOCKET_CHECK_IDLE;
+            if idle_check || self.calls_since_sockets >= SOCKET_CHECK_EVERY {
                 n += self.poll_sockets(udp, Duration::ZERO, &stats, on_frame)?;
             }
         } else {
@@ -379,6 +388,7 @@ impl Receiver {
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
         self.calls_since_sockets = 0;
+        self.sockets_checked = Instant::now();
         let (udp_ready, bell_ready) = wait_either(udp.as_fd(), self.bell.as_fd(), timeout)?;
         let mut n = 0;
         if udp_ready {
