@@ -128,10 +128,14 @@ struct Inner {
     /// The card, when it runs in the driver's threads: polls step it, and the progress
     /// thread waits in its link ([`progress`]).
     inline: Option<Arc<dyn InlineCard>>,
-    /// When an application thread's CQ poll last found nothing (ns since `epoch`; 0 after
-    /// one that found completions): while it spins on a CQ, the progress thread leaves the
-    /// card to it.
-    app_spins: AtomicU64,
+    /// When the application's current run of CQ polls that found nothing began (ns since
+    /// `epoch`; 0 after one that found completions), and when the last of them was: an
+    /// application that spins on a CQ for long receives for itself, and frames are not
+    /// announced to the progress thread meanwhile ([`progress`]).
+    spin_start: AtomicU64,
+    spin_last: AtomicU64,
+    /// When the last post_send was (ns since `epoch`; [`Inner::post_burst`]).
+    last_post: AtomicU64,
     /// The progress thread waits in the inline card's link: a kick must wake the link.
     deep_sleep: AtomicBool,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
@@ -171,12 +175,32 @@ impl Inner {
         Instant(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Engine> {
-        self.dev.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> EngineGuard<'_> {
+        EngineGuard {
+            dev: Some(self.dev.lock().unwrap_or_else(|e| e.into_inner())),
+            inner: self,
+            defer_tx: false,
+        }
     }
 
+    /// Whether a post at `now` follows the previous one closely (a burst): an inline card's
+    /// transmit side then waits for the application's next poll, so that posting costs a
+    /// register write and the burst goes out together.
+    fn post_burst(&self, now: Instant) -> bool {
+        let prev = self.last_post.swap(now.0, Ordering::Relaxed);
+        now.0.saturating_sub(prev) < POST_BURST.as_nanos() as u64
+    }
+
+    /// The clock a verb that waits for the card reads; it also runs an inline card's
+    /// transmit side when a send-ring doorbell waits (destroy_qp and dereg_mr wait for the
+    /// card to fetch the send ring).
     fn clock(&self) -> impl FnMut() -> Instant + '_ {
-        move || self.now()
+        move || {
+            if let Some(card) = &self.inline {
+                card.flush_tx();
+            }
+            self.now()
+        }
     }
 
     fn kick(&self) {
@@ -188,29 +212,104 @@ impl Inner {
         }
     }
 
-    /// After new work was posted: wakes the progress thread, unless the card is inline and
-    /// the progress thread is not in its deep sleep (the doorbell already ran the card,
-    /// and a thread that sleeps briefly while the application spins looks again soon).
+    /// After new work was posted: wakes the progress thread, unless the card is inline (the
+    /// engine's unlock ran the card or left it to the application's next poll, waking a
+    /// progress thread that waits in the card's link; see [`EngineGuard`]).
     fn kick_posted(&self) {
-        if self.inline.is_none() || self.deep_sleep.load(Ordering::SeqCst) {
+        // An inline card's doorbell woke a waiting progress thread already (EngineGuard).
+        if self.inline.is_none() {
             self.kick();
         }
     }
 
-    /// An application thread is about to poll: an inline card receives first.
+    /// An application thread is about to poll: an inline card receives, and transmits what
+    /// was posted, first.
     fn app_poll(&self) {
         if let Some(card) = &self.inline {
-            card.receive();
+            card.step();
         }
     }
 
     /// An application thread's poll found `n` completions at `now`: one that found none
-    /// spins (see `app_spins`); one that found some goes off to use them (and may spin on
+    /// spins (see `spin_start`); one that found some goes off to use them (and may spin on
     /// memory, where only the progress thread can receive for it).
     fn app_polled(&self, now: Instant, n: usize) {
-        if self.inline.is_some() {
-            let at = if n == 0 { now.0.max(1) } else { 0 };
-            self.app_spins.store(at, Ordering::Relaxed);
+        let Some(card) = &self.inline else { return };
+        if n > 0 {
+            self.spin_start.store(0, Ordering::Relaxed);
+            card.app_spins(false);
+            return;
+        }
+        let now = now.0.max(1);
+        self.spin_last.store(now, Ordering::Relaxed);
+        let start = self.spin_start.load(Ordering::Relaxed);
+        if start == 0 {
+            self.spin_start.store(now, Ordering::Relaxed);
+        } else if now - start.min(now) >= LONG_SPIN.as_nanos() as u64 {
+            card.app_spins(true);
+        }
+    }
+
+    /// Whether an application thread spins on a CQ for long now ([`Inner::app_polled`]).
+    fn app_spins_long(&self, now: Instant) -> bool {
+        let start = self.spin_start.load(Ordering::Relaxed);
+        let last = self.spin_last.load(Ordering::Relaxed);
+        start != 0
+            && now.0.saturating_sub(start) >= LONG_SPIN.as_nanos() as u64
+            && now.0.saturating_sub(last) < SPIN_GAP.as_nanos() as u64
+    }
+}
+
+/// CQ polls that find nothing for this long are a spin ([`Inner::app_polled`]): shorter
+/// ones (between the completions of a stream) are not worth telling the card about.
+const LONG_SPIN: Duration = Duration::from_micros(50);
+/// A spin has ended when its last poll is this old.
+const SPIN_GAP: Duration = Duration::from_micros(200);
+/// Posts closer together than this are a burst ([`Inner::post_burst`]).
+const POST_BURST: Duration = Duration::from_micros(5);
+
+/// The engine, locked by a verb. When it is unlocked after the verb rang a send-ring
+/// doorbell of an inline card, the card's transmit side runs in this thread, as the card
+/// starts at its doorbell; within a burst of posts ([`EngineGuard::defer_tx`]) it waits for
+/// the application's next poll, or wakes a progress thread that waits in the card's link.
+struct EngineGuard<'a> {
+    dev: Option<MutexGuard<'a, Engine>>,
+    inner: &'a Inner,
+    /// Leave the transmit side to the next step (a post in a burst).
+    defer_tx: bool,
+}
+
+impl std::ops::Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        // Some until drop.
+        self.dev.as_deref().expect("engine guard used after drop")
+    }
+}
+
+impl std::ops::DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        self.dev
+            .as_deref_mut()
+            .expect("engine guard used after drop")
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.dev.take());
+        let inner = self.inner;
+        // The doorbell's store and the progress thread's `deep_sleep` store are SeqCst, as
+        // these loads: either it sees the doorbell before it waits, or this sees it wait.
+        if let Some(card) = &inner.inline {
+            if !card.tx_pending() {
+                return;
+            }
+            if !self.defer_tx {
+                card.flush_tx();
+            } else if inner.deep_sleep.load(Ordering::SeqCst) {
+                inner.kick();
+            }
         }
     }
 }
@@ -285,7 +384,9 @@ impl Context {
             buffers,
             handle: ManuallyDrop::new(Mutex::new(handle)),
             inline,
-            app_spins: AtomicU64::new(0),
+            spin_start: AtomicU64::new(0),
+            spin_last: AtomicU64::new(0),
+            last_post: AtomicU64::new(0),
             deep_sleep: AtomicBool::new(false),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),
@@ -645,6 +746,7 @@ impl Cq {
         let mut dev = ctx.lock();
         dev.poll(now);
         let n = dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))?;
+        // The guard runs what the engine posted in this poll (ACKs, resent requests).
         drop(dev);
         ctx.app_polled(now, n);
         if n == 0 {

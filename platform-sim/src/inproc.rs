@@ -27,8 +27,8 @@ use crate::model::{InlineNic, Nic, NicConfig, Shared};
 pub use bluerdma_core::regs::UNDECODED_READ;
 
 /// Register access to an in-process card: a call, not a socket. On an inline card a
-/// doorbell (a head write of a host-to-card ring) runs the card's transmit side in the
-/// writer's thread before the write returns.
+/// command doorbell runs the card's transmit side in the writer's thread before the write
+/// returns, and a send-ring doorbell marks it due ([`InlineNic::ring_send`]).
 #[derive(Clone)]
 pub struct SimRegs {
     file: Arc<RegisterFile>,
@@ -63,17 +63,22 @@ impl RegisterAccess for SimRegs {
     fn write32(&self, reg: Reg, value: u32) {
         let _ = self.file.write(reg.offset() as u32, value);
         let Some(card) = &self.inline else { return };
-        // A new host-to-card descriptor, or room for the command responses an inline card
-        // holds its commands back for.
-        let doorbell = match reg.kind() {
-            RegKind::Ring(id, RingReg::Head) => id.direction() == Direction::HostToCard,
-            RegKind::Ring(RingId::CmdResponse, RingReg::Tail) => true,
-            _ => false,
-        };
-        if doorbell {
-            if let Some(card) = card.upgrade() {
-                card.doorbell();
+        match reg.kind() {
+            // A command, or room for the responses an inline card holds its commands back
+            // for: the driver waits for the answer, the card runs now.
+            RegKind::Ring(RingId::CmdRequest, RingReg::Head)
+            | RegKind::Ring(RingId::CmdResponse, RingReg::Tail) => {
+                if let Some(card) = card.upgrade() {
+                    card.doorbell();
+                }
             }
+            // Work requests and simple-NIC frames: at the driver's next step.
+            RegKind::Ring(id, RingReg::Head) if id.direction() == Direction::HostToCard => {
+                if let Some(card) = card.upgrade() {
+                    card.ring_send();
+                }
+            }
+            _ => {}
         }
     }
 }

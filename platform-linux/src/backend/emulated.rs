@@ -47,8 +47,17 @@ impl InlineCard for InlineNic {
     fn step(&self) -> bool {
         InlineNic::step(self)
     }
-    fn wait(&self, timeout: Duration) -> bool {
-        InlineNic::wait(self, timeout)
+    fn flush_tx(&self) -> bool {
+        InlineNic::flush_tx(self)
+    }
+    fn tx_pending(&self) -> bool {
+        InlineNic::tx_pending(self)
+    }
+    fn wait(&self, timeout: Duration, announced: bool) -> bool {
+        InlineNic::wait(self, timeout, announced)
+    }
+    fn app_spins(&self, spinning: bool) {
+        InlineNic::app_spins(self, spinning)
     }
     fn wake(&self) {
         InlineNic::wake(self)

@@ -110,16 +110,27 @@ pub(super) fn progress_loop(inner: &Inner) {
                 .unwrap_or(backoff)
         };
         if let Some(card) = &inner.inline {
-            let spins = inner.app_spins.load(Ordering::Relaxed);
-            if spins != 0 && inner.now().0.saturating_sub(spins) < APP_SPINS.as_nanos() as u64 {
+            if inner.app_spins_long(inner.now()) {
                 // The application spins on a CQ: its polls run the card and the engine
-                // with no wake-up of any thread. Look again in a while for what only this
-                // thread does (armed CQs, raw frames, events) and for the spin to end.
-                wait_kick(inner, APP_SPINS.min(until_deadline(APP_SPINS)));
+                // with no wake-up of any thread, and senders do not announce frames to
+                // this thread. It looks again after a while for what only it does (armed
+                // CQs, raw frames, events); the application leaving its spin wakes it
+                // early when frames wait.
+                deep_wait(
+                    inner,
+                    &**card,
+                    until_deadline(SPIN_WAIT).min(SPIN_WAIT),
+                    false,
+                );
                 continue;
             }
             if idle_rounds >= SPIN_ROUNDS {
-                deep_wait(inner, &**card, until_deadline(DEEP_WAIT).min(DEEP_WAIT));
+                deep_wait(
+                    inner,
+                    &**card,
+                    until_deadline(DEEP_WAIT).min(DEEP_WAIT),
+                    true,
+                );
                 continue;
             }
         }
@@ -140,12 +151,12 @@ pub(super) fn progress_loop(inner: &Inner) {
 
 /// Idle rounds spent yielding before the thread sleeps.
 const SPIN_ROUNDS: u32 = 64;
-/// An application whose CQ poll found nothing this recently still spins on it (inline
-/// card): the progress thread stays out of the link and looks again after this long.
-const APP_SPINS: Duration = Duration::from_micros(200);
+/// How long the progress thread waits while the application spins.
+const SPIN_WAIT: Duration = Duration::from_millis(1);
 /// The longest wait in an inline card's link with no deadline (the engine's timers all
-/// have deadlines; this only bounds what a missed wake-up could cost).
-const DEEP_WAIT: Duration = Duration::from_millis(100);
+/// have deadlines; this bounds what an application that stopped spinning without a
+/// completion, or a missed wake-up, could cost).
+const DEEP_WAIT: Duration = Duration::from_millis(10);
 
 /// Sleeps until a kick or `timeout`; returns whether it was kicked.
 fn wait_kick(inner: &Inner, timeout: Duration) -> bool {
@@ -161,7 +172,12 @@ fn wait_kick(inner: &Inner, timeout: Duration) -> bool {
 
 /// Waits in the inline card's link until a frame, a kick (which wakes the link while
 /// `deep_sleep` is up) or `timeout`.
-fn deep_wait(inner: &Inner, card: &dyn crate::backend::InlineCard, timeout: Duration) {
+fn deep_wait(
+    inner: &Inner,
+    card: &dyn crate::backend::InlineCard,
+    timeout: Duration,
+    announced: bool,
+) {
     inner.deep_sleep.store(true, Ordering::SeqCst);
     // A kick before the flag went up is seen here; one after it wakes the link.
     let kicked = inner
@@ -171,7 +187,7 @@ fn deep_wait(inner: &Inner, card: &dyn crate::backend::InlineCard, timeout: Dura
         .map(|mut k| std::mem::take(&mut *k))
         .unwrap_or(true);
     if !kicked {
-        card.wait(timeout);
+        card.wait(timeout, announced);
     }
     inner.deep_sleep.store(false, Ordering::SeqCst);
 }

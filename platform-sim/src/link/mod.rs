@@ -27,6 +27,7 @@ mod stats;
 pub mod udp;
 
 use std::io;
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 pub use fault::{FaultConfig, FaultConfigError, FaultDecision, FaultyLink, FAULTS_ENV};
@@ -88,6 +89,23 @@ pub trait LinkPort: Send {
     fn waker(&self) -> Option<LinkWaker> {
         None
     }
+    /// For a receiver that waits outside [`LinkPort::recv_frames`] (in `ppoll` on
+    /// [`LinkPort::wait_fds`], so that another thread may receive meanwhile): raises or
+    /// lowers the port's sign that its receiver sleeps. While it is up, senders that can
+    /// see it (the shared-memory rings) make `wait_fds` readable for each frame; while it
+    /// is down they do not, and a receiver must poll. Returns, when raising, whether frames
+    /// already wait (nobody will announce those). Lowering it also makes the next
+    /// `recv_frames` look at every socket. Ports without such a sign return false.
+    fn set_sleeping(&mut self, _sleeping: bool) -> bool {
+        false
+    }
+    /// The descriptors that become readable when a frame (or a [`LinkPort::waker`]'s
+    /// message) arrives, for a receiver that waits outside [`LinkPort::recv_frames`]; empty
+    /// when the port can be waited on only there (a port that must release held frames on
+    /// time, say). They live as long as the port.
+    fn wait_fds(&self) -> Vec<RawFd> {
+        Vec::new()
+    }
 }
 
 impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
@@ -113,5 +131,13 @@ impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
 
     fn waker(&self) -> Option<LinkWaker> {
         (**self).waker()
+    }
+
+    fn set_sleeping(&mut self, sleeping: bool) -> bool {
+        (**self).set_sleeping(sleeping)
+    }
+
+    fn wait_fds(&self) -> Vec<RawFd> {
+        (**self).wait_fds()
     }
 }

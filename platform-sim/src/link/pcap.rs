@@ -239,6 +239,14 @@ impl<L: LinkPort> LinkPort for CapturingLink<L> {
         self.inner.waker()
     }
 
+    fn set_sleeping(&mut self, sleeping: bool) -> bool {
+        self.inner.set_sleeping(sleeping)
+    }
+
+    fn wait_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.inner.wait_fds()
+    }
+
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
         Ok(Box::new(CapturingSender {
             inner: self.inner.sender()?,

@@ -392,6 +392,10 @@ impl LinkPort for UdpLink {
         &self.tx.stats
     }
 
+    fn wait_fds(&self) -> Vec<std::os::fd::RawFd> {
+        vec![self.tx.socket.as_raw_fd()]
+    }
+
     /// An empty datagram to the port's own address (received as nothing).
     fn waker(&self) -> Option<super::LinkWaker> {
         let socket = Arc::clone(&self.tx.socket);

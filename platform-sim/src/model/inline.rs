@@ -6,8 +6,10 @@
 //! between threads: a wake-up, and on a two-core machine a wait for a CPU. An
 //! [`InlineNic`] does the same work in the thread that has it to give:
 //!
-//! - the doorbell: a head write of a host-to-card ring runs the transmit side at once, in
-//!   the writer's thread ([`InlineNic::doorbell`]; [`crate::inproc::SimRegs`] calls it);
+//! - the doorbell: a head write of the command ring runs the transmit side at once, in the
+//!   writer's thread ([`InlineNic::doorbell`]; [`crate::inproc::SimRegs`] calls it); one of
+//!   the send rings marks it due, and the driver's next step runs it
+//!   ([`InlineNic::ring_send`]): posting costs a register write, as on the card;
 //! - a driver that polls runs the receive side first ([`InlineNic::receive`]), so an
 //!   application that spins on its CQ takes frames off the link itself, with no wake-up;
 //! - a driver thread with nothing to do waits in the link ([`InlineNic::wait`]) until a
@@ -21,6 +23,7 @@
 //! answer; [`Shared::produce_blocking`]), and its timers (the quiet timer) run when a driver
 //! thread steps it, which a waiting driver thread does by their deadline.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -58,6 +61,12 @@ pub struct InlineNic {
     rx: Mutex<RxEngine>,
     /// A pass of the transmit side was asked for while another thread ran it.
     tx_again: AtomicBool,
+    /// A send-ring doorbell was rung since the transmit side last ran.
+    tx_pending: AtomicBool,
+    /// A thread waits in the link without holding the receive side.
+    waiting: AtomicBool,
+    /// Senders announce frames to that thread (the link's sleeping sign is up).
+    announced: AtomicBool,
     /// The same for the receive side.
     rx_again: AtomicBool,
     waker: Option<LinkWaker>,
@@ -81,6 +90,9 @@ impl InlineNic {
             tx: Mutex::new(tx),
             rx: Mutex::new(rx),
             tx_again: AtomicBool::new(false),
+            tx_pending: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
+            announced: AtomicBool::new(false),
             rx_again: AtomicBool::new(false),
             waker,
         })
@@ -95,7 +107,26 @@ impl InlineNic {
     /// thread is inside it, once more when that one is done). Returns whether this thread
     /// did work.
     pub fn doorbell(&self) -> bool {
+        self.tx_pending.store(false, Ordering::SeqCst);
         combine(&self.tx, &self.tx_again, |tx| tx.step())
+    }
+
+    /// The driver rang a send-ring doorbell: the transmit side runs at the next step of
+    /// this card ([`InlineNic::flush_tx`], [`InlineNic::step`], [`InlineNic::wait`]), not
+    /// in the call that posts, so that posting costs what writing a register costs and the
+    /// work requests posted before the next poll go out together.
+    pub fn ring_send(&self) {
+        self.tx_pending.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a send-ring doorbell waits for the transmit side.
+    pub fn tx_pending(&self) -> bool {
+        self.tx_pending.load(Ordering::SeqCst)
+    }
+
+    /// Runs the transmit side if a send-ring doorbell waits for it; whether it did work.
+    pub fn flush_tx(&self) -> bool {
+        self.tx_pending() && self.doorbell()
     }
 
     /// The receive side takes what the link holds, runs its timers and writes the reports
@@ -114,27 +145,88 @@ impl InlineNic {
 
     /// Waits in the link for a frame, a [`InlineNic::wake`] or `timeout` (shorter when the
     /// card's own timers or waiting reports need it sooner; at most 1 ms on a link that
-    /// cannot be woken), then runs the receive side. Returns whether it received.
-    pub fn wait(&self, timeout: Duration) -> bool {
+    /// cannot be woken), then runs the receive side. Returns whether it did work.
+    ///
+    /// With `announced`, senders that can (the shared-memory rings) wake this thread for
+    /// each frame; without, an application spins on its CQ and receives for itself, and
+    /// nothing wakes this thread but a timeout, a wake or the application leaving its spin
+    /// ([`InlineNic::app_spins`]). The receive side is not held during the wait where the
+    /// link allows it ([`LinkPort::wait_fds`]), so other threads receive meanwhile.
+    pub fn wait(&self, timeout: Duration, announced: bool) -> bool {
+        // A doorbell rung before the caller said it waits (see `ring_send`): no wait.
+        if self.flush_tx() {
+            return true;
+        }
         let Ok(mut rx) = self.rx.try_lock() else {
             // Another thread is in the receive side: it does the work.
             return false;
         };
+        if rx.step_now() {
+            return true;
+        }
         let mut timeout = timeout.min(self.card_deadline(&rx));
         if self.waker.is_none() {
             timeout = timeout.min(UNWAKEABLE_WAIT);
         }
-        let n = if self.rx_again.swap(false, Ordering::AcqRel) {
-            rx.step(Duration::ZERO)
-        } else {
-            rx.step(timeout)
-        };
+        let fds = rx.link_mut().wait_fds();
+        if fds.is_empty() {
+            // Only `recv_frames` can wait on this link: hold the receive side meanwhile.
+            let n = rx.step(timeout);
+            drop(rx);
+            self.serve_notes();
+            return n > 0;
+        }
+        let pending = announced && rx.link_mut().set_sleeping(true);
+        self.announced.store(announced, Ordering::SeqCst);
+        self.waiting.store(true, Ordering::SeqCst);
         drop(rx);
-        // Notes left while this thread waited.
+        if !pending {
+            wait_readable(&fds, timeout);
+        }
+        self.waiting.store(false, Ordering::SeqCst);
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        rx.link_mut().set_sleeping(false);
+        self.announced.store(false, Ordering::SeqCst);
+        let work = rx.step_now();
+        drop(rx);
+        self.serve_notes();
+        work
+    }
+
+    /// An application thread's CQ poll found nothing (`spinning`: it polls again, and
+    /// receives for itself) or found completions (it goes off to use them, perhaps to spin
+    /// on memory the card writes). A thread waiting in the link is told: senders stop
+    /// announcing frames to it while the application spins, and start again when it
+    /// leaves (frames that arrived meanwhile wake it at once).
+    pub fn app_spins(&self, spinning: bool) {
+        if !self.waiting.load(Ordering::SeqCst) || self.announced.load(Ordering::SeqCst) != spinning
+        {
+            return;
+        }
+        let mut rx = if spinning {
+            match self.rx.try_lock() {
+                Ok(rx) => rx,
+                Err(_) => return,
+            }
+        } else {
+            self.rx.lock().unwrap_or_else(|e| e.into_inner())
+        };
+        if !self.waiting.load(Ordering::SeqCst) {
+            return;
+        }
+        let pending = rx.link_mut().set_sleeping(!spinning);
+        self.announced.store(!spinning, Ordering::SeqCst);
+        drop(rx);
+        if pending {
+            self.wake();
+        }
+    }
+
+    /// Passes asked for while this thread held the receive side without running them.
+    fn serve_notes(&self) {
         if self.rx_again.load(Ordering::SeqCst) {
             combine(&self.rx, &self.rx_again, |rx| rx.step_now());
         }
-        n > 0
     }
 
     /// Ends a thread's [`InlineNic::wait`] early, if the link can (see
@@ -174,6 +266,33 @@ impl InlineNic {
                 Duration::from_nanos(t.saturating_sub(now))
             })
     }
+}
+
+/// Waits up to `timeout` for any of `fds` to become readable.
+fn wait_readable(fds: &[RawFd], timeout: Duration) {
+    let mut polls: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `polls` is a valid array of pollfds for the call, `ts` a valid timespec; the
+    // descriptors belong to the link, which outlives the card (and a closed one only makes
+    // ppoll report POLLNVAL). No signal mask.
+    unsafe {
+        libc::ppoll(
+            polls.as_mut_ptr(),
+            polls.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
 }
 
 impl Drop for InlineNic {

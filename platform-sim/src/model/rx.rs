@@ -72,6 +72,11 @@ impl RxEngine {
         }
     }
 
+    /// The link the card receives from.
+    pub fn link_mut(&mut self) -> &mut dyn LinkPort {
+        &mut *self.link
+    }
+
     /// Whether reports wait for room in a card-to-host ring.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()

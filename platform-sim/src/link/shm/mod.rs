@@ -533,6 +533,26 @@ impl LinkPort for ShmLink {
         self.udp.stats()
     }
 
+    fn set_sleeping(&mut self, sleeping: bool) -> bool {
+        let rx = &mut self.rx;
+        if !sleeping {
+            // Whoever receives next looks at the sockets (a bell message may be waiting).
+            let now = Instant::now();
+            rx.sockets_checked = now.checked_sub(SOCKET_CHECK_IDLE).unwrap_or(now);
+            rx.calls_since_sockets = SOCKET_CHECK_EVERY;
+        }
+        rx.rings
+            .iter()
+            .fold(false, |w, r| r.ring.set_sleeping(sleeping) | w)
+    }
+
+    fn wait_fds(&self) -> Vec<std::os::fd::RawFd> {
+        vec![
+            self.udp.as_fd().as_raw_fd(),
+            self.rx.bell.as_fd().as_raw_fd(),
+        ]
+    }
+
     /// A wake message to this card's own bell: the `ppoll` of a waiting receive returns.
     fn waker(&self) -> Option<super::LinkWaker> {
         let bell = match PeerBell::connect(self.rx.bell.path()) {
