@@ -15,7 +15,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -36,6 +36,7 @@ use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
 
 mod buffer;
+mod inline;
 mod progress;
 mod qp;
 
@@ -175,22 +176,6 @@ impl Inner {
         Instant(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    fn lock(&self) -> EngineGuard<'_> {
-        EngineGuard {
-            dev: Some(self.dev.lock().unwrap_or_else(|e| e.into_inner())),
-            inner: self,
-            defer_tx: false,
-        }
-    }
-
-    /// Whether a post at `now` follows the previous one closely (a burst): an inline card's
-    /// transmit side then waits for the application's next poll, so that posting costs a
-    /// register write and the burst goes out together.
-    fn post_burst(&self, now: Instant) -> bool {
-        let prev = self.last_post.swap(now.0, Ordering::Relaxed);
-        now.0.saturating_sub(prev) < POST_BURST.as_nanos() as u64
-    }
-
     /// The clock a verb that waits for the card reads; it also runs an inline card's
     /// transmit side when a send-ring doorbell waits (destroy_qp and dereg_mr wait for the
     /// card to fetch the send ring).
@@ -208,107 +193,6 @@ impl Inner {
         if self.deep_sleep.load(Ordering::SeqCst) {
             if let Some(card) = &self.inline {
                 card.wake();
-            }
-        }
-    }
-
-    /// After new work was posted: wakes the progress thread, unless the card is inline (the
-    /// engine's unlock ran the card or left it to the application's next poll, waking a
-    /// progress thread that waits in the card's link; see [`EngineGuard`]).
-    fn kick_posted(&self) {
-        // An inline card's doorbell woke a waiting progress thread already (EngineGuard).
-        if self.inline.is_none() {
-            self.kick();
-        }
-    }
-
-    /// An application thread is about to poll: an inline card receives, and transmits what
-    /// was posted, first.
-    fn app_poll(&self) {
-        if let Some(card) = &self.inline {
-            card.step();
-        }
-    }
-
-    /// An application thread's poll found `n` completions at `now`: one that found none
-    /// spins (see `spin_start`); one that found some goes off to use them (and may spin on
-    /// memory, where only the progress thread can receive for it).
-    fn app_polled(&self, now: Instant, n: usize) {
-        let Some(card) = &self.inline else { return };
-        if n > 0 {
-            self.spin_start.store(0, Ordering::Relaxed);
-            card.app_spins(false);
-            return;
-        }
-        let now = now.0.max(1);
-        self.spin_last.store(now, Ordering::Relaxed);
-        let start = self.spin_start.load(Ordering::Relaxed);
-        if start == 0 {
-            self.spin_start.store(now, Ordering::Relaxed);
-        } else if now - start.min(now) >= LONG_SPIN.as_nanos() as u64 {
-            card.app_spins(true);
-        }
-    }
-
-    /// Whether an application thread spins on a CQ for long now ([`Inner::app_polled`]).
-    fn app_spins_long(&self, now: Instant) -> bool {
-        let start = self.spin_start.load(Ordering::Relaxed);
-        let last = self.spin_last.load(Ordering::Relaxed);
-        start != 0
-            && now.0.saturating_sub(start) >= LONG_SPIN.as_nanos() as u64
-            && now.0.saturating_sub(last) < SPIN_GAP.as_nanos() as u64
-    }
-}
-
-/// CQ polls that find nothing for this long are a spin ([`Inner::app_polled`]): shorter
-/// ones (between the completions of a stream) are not worth telling the card about.
-const LONG_SPIN: Duration = Duration::from_micros(50);
-/// A spin has ended when its last poll is this old.
-const SPIN_GAP: Duration = Duration::from_micros(200);
-/// Posts closer together than this are a burst ([`Inner::post_burst`]).
-const POST_BURST: Duration = Duration::from_micros(5);
-
-/// The engine, locked by a verb. When it is unlocked after the verb rang a send-ring
-/// doorbell of an inline card, the card's transmit side runs in this thread, as the card
-/// starts at its doorbell; within a burst of posts ([`EngineGuard::defer_tx`]) it waits for
-/// the application's next poll, or wakes a progress thread that waits in the card's link.
-struct EngineGuard<'a> {
-    dev: Option<MutexGuard<'a, Engine>>,
-    inner: &'a Inner,
-    /// Leave the transmit side to the next step (a post in a burst).
-    defer_tx: bool,
-}
-
-impl std::ops::Deref for EngineGuard<'_> {
-    type Target = Engine;
-    fn deref(&self) -> &Engine {
-        // Some until drop.
-        self.dev.as_deref().expect("engine guard used after drop")
-    }
-}
-
-impl std::ops::DerefMut for EngineGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Engine {
-        self.dev
-            .as_deref_mut()
-            .expect("engine guard used after drop")
-    }
-}
-
-impl Drop for EngineGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.dev.take());
-        let inner = self.inner;
-        // The doorbell's store and the progress thread's `deep_sleep` store are SeqCst, as
-        // these loads: either it sees the doorbell before it waits, or this sees it wait.
-        if let Some(card) = &inner.inline {
-            if !card.tx_pending() {
-                return;
-            }
-            if !self.defer_tx {
-                card.flush_tx();
-            } else if inner.deep_sleep.load(Ordering::SeqCst) {
-                inner.kick();
             }
         }
     }

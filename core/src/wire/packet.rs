@@ -285,16 +285,13 @@ impl PacketHeaders {
     /// length. Fails if the headers do not match the opcode, the payload does not match
     /// the headers, a field does not fit or `out` is too short; `out` then holds no frame.
     pub fn emit_udp_payload(&self, payload: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
-        let total = self.emit_udp_headers(payload.len(), out)?;
-        // `emit_udp_headers` checked that `out` holds `total` bytes.
+        let total = self.emit_udp_headers(payload.len(), out)?; // checked: out >= total
         out[total - payload.len()..total].copy_from_slice(payload);
         Ok(total)
     }
 
-    /// [`PacketHeaders::emit_udp_payload`] without the payload: writes the header area and
-    /// the filler for a payload of `payload_len` bytes and returns the UDP payload's
-    /// length; the payload's bytes, the last `payload_len` of that length, are left to the
-    /// caller (a card that reads them into the frame from host memory).
+    /// [`PacketHeaders::emit_udp_payload`] but the payload: returns the same length and
+    /// leaves its last `payload_len` bytes to the caller (a card reads them from memory).
     pub fn emit_udp_headers(&self, payload_len: usize, out: &mut [u8]) -> Result<usize, WireError> {
         self.check_headers()?;
         self.check_payload(payload_len)?;
@@ -581,9 +578,8 @@ impl RocePacket {
         Ok(n)
     }
 
-    /// [`RocePacket::emit_frame`] without the payload: writes every header of a frame
-    /// with `payload_len` payload bytes and returns the frame's length; its last
-    /// `payload_len` bytes are the caller's to fill.
+    /// [`RocePacket::emit_frame`] but the payload: its last `payload_len` bytes are the
+    /// caller's to fill.
     pub fn emit_frame_headers(
         &self,
         payload_len: usize,

@@ -204,7 +204,7 @@ impl Qp {
         let ctx = &self.pd.0.ctx;
         let now = ctx.now();
         let mut dev = ctx.lock();
-        dev.defer_tx = ctx.inline.is_some() && ctx.post_burst(now);
+        dev.defer_tx = ctx.inline.is_some() && ctx.post_burst(now, wrs.len());
         let r = dev.post_send(self.qpn, wrs, now).map_err(|(k, e)| {
             (
                 k,
