@@ -4,7 +4,9 @@
 //! thread that polls the card: it spins while there is work and backs off to short sleeps
 //! when there is none, so an idle device costs next to no CPU. Verbs called from any
 //! thread (post, poll) also drive progress themselves, so an application that polls its
-//! CQ sees completions without waiting for the progress thread.
+//! CQ sees completions without waiting for the progress thread. An emulated card that runs
+//! in the driver's threads (the default) is stepped by the same calls ([`inline`]), and the
+//! progress thread then sleeps in the card's link rather than on a timer.
 //!
 //! Objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]) are `Send + Sync` handles; dropping one releases
 //! it in the card (an MR is invalidated before its key is reused, a QP is destroyed in the

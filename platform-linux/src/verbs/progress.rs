@@ -3,6 +3,11 @@
 //! is none, hands received simple-NIC frames to the raw handler, fires armed CQs' events
 //! and delivers the engine's asynchronous events to the event handler, all without the
 //! device lock.
+//!
+//! With an inline emulated card it also steps the card each round, and where it would
+//! sleep it waits in the card's link instead (until a frame, a kick or the next deadline):
+//! frames are announced to it (a wake-up per batch) unless the application spins on a CQ
+//! for long, whose polls then receive for it with no wake-up of any thread.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -8,7 +8,8 @@
 //!
 //! [`SteppedNic`] is the same card without threads: its owner calls the transmit and
 //! receive steps itself and moves its [`VirtualClock`] (the two-card harness,
-//! [`crate::pair`]).
+//! [`crate::pair`]). [`super::InlineNic`] is that card on real time, stepped by its
+//! driver's threads (the default for the devices of the verbs API).
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
