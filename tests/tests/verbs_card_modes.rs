@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use bluerdma_core::engine::{SendOp, WcOpcode, WcStatus};
+use bluerdma_core::engine::{SendOp, SendWr, WcOpcode, WcStatus};
 use bluerdma_linux::backend::emulated::open_on_udp;
 use bluerdma_linux::{Context, DeviceSpec};
 use bluerdma_sim::inproc::DeviceLinkOptions;
@@ -38,40 +38,34 @@ fn write_and_read(mode: &str, ips: [Ipv4Addr; 2], port: u16, shm: &std::path::Pa
     let mut src = sa.pd.alloc_mr(len, ALL).unwrap();
     fill_pattern(src.bytes_mut().unwrap(), 0x51, 0);
     let mut dst = sb.pd.alloc_mr(len, ALL).unwrap();
-    // SAFETY: both MRs outlive the completions waited for.
-    unsafe {
-        sa.qp
-            .post_send(&[wr(1, SendOp::Write, &src, 0, len, &dst, 0)])
-    }
-    .unwrap();
-    let wc = sa.cq.wait(1, WAIT).unwrap();
-    assert_eq!(wc.len(), 1, "{mode}: WRITE completion; {}", a.dump());
-    assert_eq!(
-        (wc[0].wr_id, wc[0].status, wc[0].opcode),
-        (1, WcStatus::Success, WcOpcode::RdmaWrite),
-        "{mode}"
+    let run = |w: SendWr, opcode: WcOpcode| {
+        // SAFETY: both MRs outlive the completion waited for here.
+        unsafe { sa.qp.post_send(&[w]) }.unwrap();
+        let wc = sa.cq.wait(1, WAIT).unwrap();
+        assert_eq!(wc.len(), 1, "{mode}: {opcode:?} completion; {}", a.dump());
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status, wc[0].opcode),
+            (w.wr_id, WcStatus::Success, opcode),
+            "{mode}"
+        );
+    };
+    run(
+        wr(1, SendOp::Write, &src, 0, len, &dst, 0),
+        WcOpcode::RdmaWrite,
     );
     assert_bytes_eq(mode, dst.bytes().unwrap(), src.bytes().unwrap());
 
     // READ back the first 64 KiB of a new pattern written into the responder's MR.
-    fill_pattern(&mut dst.bytes_mut().unwrap()[..64 << 10], 0x77, 0);
-    // SAFETY: as above.
-    unsafe {
-        sa.qp
-            .post_send(&[wr(2, SendOp::Read, &src, 0, 64 << 10, &dst, 0)])
-    }
-    .unwrap();
-    let wc = sa.cq.wait(1, WAIT).unwrap();
-    assert_eq!(wc.len(), 1, "{mode}: READ completion; {}", a.dump());
-    assert_eq!(
-        (wc[0].wr_id, wc[0].status, wc[0].opcode),
-        (2, WcStatus::Success, WcOpcode::RdmaRead),
-        "{mode}"
+    let part = 64 << 10;
+    fill_pattern(&mut dst.bytes_mut().unwrap()[..part], 0x77, 0);
+    run(
+        wr(2, SendOp::Read, &src, 0, part, &dst, 0),
+        WcOpcode::RdmaRead,
     );
     assert_bytes_eq(
         mode,
-        &src.bytes().unwrap()[..64 << 10],
-        &dst.bytes().unwrap()[..64 << 10],
+        &src.bytes().unwrap()[..part],
+        &dst.bytes().unwrap()[..part],
     );
 }
 

@@ -159,9 +159,8 @@ const SPIN_ROUNDS: u32 = 64;
 /// How long the progress thread waits while the application spins.
 const SPIN_WAIT: Duration = Duration::from_millis(1);
 /// The longest wait in an inline card's link with no deadline (the engine's timers all
-/// have deadlines; this bounds what an application that stopped spinning without a
-/// completion, or a missed wake-up, could cost).
-const DEEP_WAIT: Duration = Duration::from_millis(10);
+/// have deadlines; this only bounds what a missed wake-up could cost).
+const DEEP_WAIT: Duration = Duration::from_millis(200);
 
 /// Sleeps until a kick or `timeout`; returns whether it was kicked.
 fn wait_kick(inner: &Inner, timeout: Duration) -> bool {

@@ -217,7 +217,9 @@ impl InlineNic {
         let pending = rx.link_mut().set_sleeping(!spinning);
         self.announced.store(!spinning, Ordering::SeqCst);
         drop(rx);
-        if pending {
+        // Leaving: frames that arrived meanwhile were not announced. Starting to spin: the
+        // waiter's timeout was meant for an idle card; it comes back with a spinner's.
+        if pending || spinning {
             self.wake();
         }
     }
