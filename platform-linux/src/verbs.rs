@@ -137,6 +137,8 @@ struct Inner {
     /// announced to the progress thread meanwhile ([`progress`]).
     spin_start: AtomicU64,
     spin_last: AtomicU64,
+    /// The inline card's count of simple-NIC frames when an application poll last looked.
+    raw_seen: AtomicU64,
     /// When the last post_send was (ns since `epoch`; [`Inner::post_burst`]).
     last_post: AtomicU64,
     /// The progress thread waits in the inline card's link: a kick must wake the link.
@@ -273,6 +275,7 @@ impl Context {
             spin_start: AtomicU64::new(0),
             spin_last: AtomicU64::new(0),
             last_post: AtomicU64::new(0),
+            raw_seen: AtomicU64::new(0),
             deep_sleep: AtomicBool::new(false),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),

@@ -59,6 +59,9 @@ impl InlineCard for InlineNic {
     fn app_spins(&self, spinning: bool) {
         InlineNic::app_spins(self, spinning)
     }
+    fn raw_frames(&self) -> u64 {
+        InlineNic::raw_frames(self)
+    }
     fn wake(&self) {
         InlineNic::wake(self)
     }

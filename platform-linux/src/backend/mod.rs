@@ -273,6 +273,8 @@ pub trait InlineCard: Send + Sync {
     fn wait(&self, timeout: Duration, announced: bool) -> bool;
     /// An application's CQ poll found nothing (`spinning`) or found completions.
     fn app_spins(&self, spinning: bool);
+    /// Simple-NIC frames the card has written to the host so far.
+    fn raw_frames(&self) -> u64;
     /// Ends a thread's [`InlineCard::wait`].
     fn wake(&self);
 }

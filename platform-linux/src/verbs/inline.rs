@@ -44,6 +44,13 @@ impl Inner {
     pub(super) fn app_poll(&self) {
         if let Some(card) = &self.inline {
             card.step();
+            // Simple-NIC frames go to their handler on the progress thread: tell it.
+            if self.raw_wanted.load(Ordering::Acquire) {
+                let n = card.raw_frames();
+                if self.raw_seen.swap(n, Ordering::Relaxed) != n {
+                    self.kick();
+                }
+            }
         }
     }
 

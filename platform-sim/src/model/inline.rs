@@ -119,6 +119,12 @@ impl InlineNic {
         self.tx_pending.store(true, Ordering::SeqCst);
     }
 
+    /// Simple-NIC frames the card has written to the host so far (a driver that hands
+    /// them to a consumer on another thread learns from this that there are new ones).
+    pub fn raw_frames(&self) -> u64 {
+        self.shared.stats.simple_rx.load(Ordering::Relaxed)
+    }
+
     /// Whether a send-ring doorbell waits for the transmit side.
     pub fn tx_pending(&self) -> bool {
         self.tx_pending.load(Ordering::SeqCst)
