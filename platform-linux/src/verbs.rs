@@ -4,7 +4,9 @@
 //! thread that polls the card: it spins while there is work and backs off to short sleeps
 //! when there is none, so an idle device costs next to no CPU. Verbs called from any
 //! thread (post, poll) also drive progress themselves, so an application that polls its
-//! CQ sees completions without waiting for the progress thread.
+//! CQ sees completions without waiting for the progress thread. An emulated card that runs
+//! in the driver's threads (the default) is stepped by the same calls ([`inline`]), and the
+//! progress thread then sleeps in the card's link rather than on a timer.
 //!
 //! Objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]) are `Send + Sync` handles; dropping one releases
 //! it in the card (an MR is invalidated before its key is reused, a QP is destroyed in the
@@ -14,7 +16,7 @@
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -30,12 +32,14 @@ use bluerdma_core::qp::QpType;
 use bluerdma_core::time::{Instant, Nanos};
 
 use crate::backend::{
-    Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, OpenError, Tuning,
+    Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, InlineCard, OpenError,
+    Tuning,
 };
 use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
 
 mod buffer;
+mod inline;
 mod mw;
 mod progress;
 mod qp;
@@ -129,6 +133,21 @@ struct Inner {
     /// Keeps the backend alive; dropped first when the last handle goes (the card stops
     /// touching the engine's DMA buffers before [`Device::close`] frees them).
     handle: ManuallyDrop<Mutex<Box<dyn BackendHandle>>>,
+    /// The card, when it runs in the driver's threads: polls step it, and the progress
+    /// thread waits in its link ([`progress`]).
+    inline: Option<Arc<dyn InlineCard>>,
+    /// When the application's current run of CQ polls that found nothing began (ns since
+    /// `epoch`; 0 after one that found completions), and when the last of them was: an
+    /// application that spins on a CQ for long receives for itself, and frames are not
+    /// announced to the progress thread meanwhile ([`progress`]).
+    spin_start: AtomicU64,
+    spin_last: AtomicU64,
+    /// The inline card's count of simple-NIC frames when an application poll last looked.
+    raw_seen: AtomicU64,
+    /// When the last post_send was (ns since `epoch`; [`Inner::post_burst`]).
+    last_post: AtomicU64,
+    /// The progress thread waits in the inline card's link: a kick must wake the link.
+    deep_sleep: AtomicBool,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
     armed: Mutex<Vec<Weak<CqInner>>>,
     /// The consumer of received simple-NIC frames ([`Context::set_raw_handler`]).
@@ -150,6 +169,8 @@ impl Drop for Inner {
         // not touch the DMA buffers the engine frees.
         // SAFETY: `handle` is dropped once, here, and never used again.
         unsafe { ManuallyDrop::drop(&mut self.handle) };
+        // An inline card goes with it (the engine's doorbells ring nothing after this).
+        self.inline = None;
         // SAFETY: `dev` is taken once, here, and never used again.
         let dev = unsafe { ManuallyDrop::take(&mut self.dev) };
         let dev = dev.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -171,6 +192,10 @@ impl Inner {
         let mut last = None;
         let mut since = std::time::Instant::now();
         loop {
+            // No progress thread runs now: an inline card's transmit side runs here.
+            if let Some(card) = &self.inline {
+                card.flush_tx();
+            }
             let backlog = {
                 let mut dev = self.lock();
                 dev.poll(self.now());
@@ -207,16 +232,25 @@ impl Inner {
         Instant(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Engine> {
-        self.dev.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
+    /// The clock a verb that waits for the card reads; it also runs an inline card's
+    /// transmit side when a send-ring doorbell waits (destroy_qp and dereg_mr wait for the
+    /// card to fetch the send ring).
     fn clock(&self) -> impl FnMut() -> Instant + '_ {
-        move || self.now()
+        move || {
+            if let Some(card) = &self.inline {
+                card.flush_tx();
+            }
+            self.now()
+        }
     }
 
     fn kick(&self) {
         kick(&self.kick);
+        if self.deep_sleep.load(Ordering::SeqCst) {
+            if let Some(card) = &self.inline {
+                card.wake();
+            }
+        }
     }
 }
 
@@ -259,6 +293,7 @@ impl Context {
             tuning,
             buffers,
             handle,
+            inline,
         } = backend;
         let mut cfg = DeviceConfig::new(spec.mac, spec.ip);
         cfg.page_size = spec.page_size;
@@ -291,6 +326,12 @@ impl Context {
             buffers,
             tuning,
             handle: ManuallyDrop::new(Mutex::new(handle)),
+            inline,
+            spin_start: AtomicU64::new(0),
+            spin_last: AtomicU64::new(0),
+            last_post: AtomicU64::new(0),
+            raw_seen: AtomicU64::new(0),
+            deep_sleep: AtomicBool::new(false),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),
             raw_wanted: AtomicBool::new(false),
@@ -434,7 +475,8 @@ impl Context {
     /// Drives the engine once (the progress thread does this too).
     pub fn poll(&self) -> bool {
         let now = self.inner.now();
-        self.inner.lock().poll(now)
+        let card = self.inner.inline.as_ref().is_some_and(|c| c.step());
+        self.inner.lock().poll(now) | card
     }
 }
 impl Drop for Context {
@@ -644,10 +686,13 @@ impl Cq {
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Error> {
         let ctx = &self.0.ctx;
         let now = ctx.now();
+        ctx.app_poll();
         let mut dev = ctx.lock();
         dev.poll(now);
         let n = dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))?;
+        // The guard runs what the engine posted in this poll (ACKs, resent requests).
         drop(dev);
+        ctx.app_polled(now, n);
         if n == 0 {
             // An application spinning on an empty CQ (ibv_rc_pingpong, perftest) would
             // otherwise keep the emulated card's threads and the peer off the CPU on a

@@ -11,10 +11,10 @@ use std::fmt;
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use bluerdma_core::platform::RegisterAccess;
-use bluerdma_core::regs::Reg;
+use bluerdma_core::regs::{Direction, Reg, RegKind, RingId, RingReg};
 
 use crate::link::{
     CaptureDirection, CapturingLink, FaultConfig, FaultyLink, LinkPort, PcapSink, ShmConfig,
@@ -22,18 +22,32 @@ use crate::link::{
 };
 use crate::mem::{AddressMap, HostDma, HostMemory};
 use crate::model::regs::RegisterFile;
-use crate::model::{Nic, NicConfig};
+use crate::model::{InlineNic, Nic, NicConfig, Shared};
 
 pub use bluerdma_core::regs::UNDECODED_READ;
 
-/// Register access to an in-process card: a call, not a socket.
+/// Register access to an in-process card: a call, not a socket. On an inline card a
+/// command doorbell runs the card's transmit side in the writer's thread before the write
+/// returns, and a send-ring doorbell marks it due ([`InlineNic::ring_send`]).
 #[derive(Clone)]
-pub struct SimRegs(Arc<RegisterFile>);
+pub struct SimRegs {
+    file: Arc<RegisterFile>,
+    /// The inline card (weak: once its owner drops it, doorbells ring nothing).
+    inline: Option<Weak<InlineNic>>,
+}
 
 impl SimRegs {
-    /// Access to `file`.
+    /// Access to `file` (of a threaded or stepped card).
     pub fn new(file: Arc<RegisterFile>) -> Self {
-        Self(file)
+        Self { file, inline: None }
+    }
+
+    /// Access to the register file of `card`, whose doorbells step it.
+    pub fn inline(card: &Arc<InlineNic>) -> Self {
+        Self {
+            file: Arc::clone(&card.shared().regs),
+            inline: Some(Arc::downgrade(card)),
+        }
     }
 }
 
@@ -41,11 +55,31 @@ impl RegisterAccess for SimRegs {
     fn read32(&self, reg: Reg) -> u32 {
         // A `Reg` is always decoded, so the error arm is unreachable in practice; it keeps
         // the hardware's answer rather than panicking.
-        self.0.read(reg.offset() as u32).unwrap_or(UNDECODED_READ)
+        self.file
+            .read(reg.offset() as u32)
+            .unwrap_or(UNDECODED_READ)
     }
 
     fn write32(&self, reg: Reg, value: u32) {
-        let _ = self.0.write(reg.offset() as u32, value);
+        let _ = self.file.write(reg.offset() as u32, value);
+        let Some(card) = &self.inline else { return };
+        match reg.kind() {
+            // A command, or room for the responses an inline card holds its commands back
+            // for: the driver waits for the answer, the card runs now.
+            RegKind::Ring(RingId::CmdRequest, RingReg::Head)
+            | RegKind::Ring(RingId::CmdResponse, RingReg::Tail) => {
+                if let Some(card) = card.upgrade() {
+                    card.doorbell();
+                }
+            }
+            // Work requests and simple-NIC frames: at the driver's next step.
+            RegKind::Ring(id, RingReg::Head) if id.direction() == Direction::HostToCard => {
+                if let Some(card) = card.upgrade() {
+                    card.ring_send();
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -81,6 +115,40 @@ impl InProcessCard {
             dma: HostDma::new(map.clone()),
             mem: HostMemory::new(map.clone()),
             map,
+        })
+    }
+}
+
+/// An emulated card in this process that runs in its driver's threads ([`InlineNic`]), with
+/// the platform services a driver needs.
+pub struct InlineCard {
+    /// The card.
+    pub nic: Arc<InlineNic>,
+    /// Register access (its doorbells step the card).
+    pub regs: SimRegs,
+    /// DMA buffers the card can reach.
+    pub dma: HostDma,
+    /// User-memory registration for the card.
+    pub mem: HostMemory,
+}
+
+impl InlineCard {
+    /// A card on `link`.
+    pub fn start(config: NicConfig, link: Box<dyn LinkPort>) -> io::Result<Self> {
+        let map = AddressMap::new();
+        let file = Arc::new(RegisterFile::new());
+        let nic = Arc::new(InlineNic::new(
+            config,
+            file,
+            Box::new(map.clone()),
+            Box::new(map.clone()),
+            link,
+        )?);
+        Ok(Self {
+            regs: SimRegs::inline(&nic),
+            nic,
+            dma: HostDma::new(map.clone()),
+            mem: HostMemory::new(map),
         })
     }
 }
@@ -213,15 +281,15 @@ pub fn device_link(
 
 /// A card's counters and its non-zero register counters, as one line of text; then the
 /// RTL stop the card froze at, if it did.
-pub fn card_counters(nic: &Nic) -> String {
-    let mut s = nic.stats().snapshot().to_string();
+pub fn card_counters(card: &Shared) -> String {
+    let mut s = card.stats.snapshot().to_string();
     for counter in bluerdma_core::regs::Counter::ALL {
-        let v = nic.regs().counter(counter);
+        let v = card.regs.counter(counter);
         if v != 0 {
             s.push_str(&format!(" {counter:?}={v}"));
         }
     }
-    if let Some(stop) = nic.shared().rtl_stop() {
+    if let Some(stop) = card.rtl_stop() {
         s.push_str(&format!("; RTL stop: {stop}"));
     }
     s

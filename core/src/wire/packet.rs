@@ -285,17 +285,25 @@ impl PacketHeaders {
     /// length. Fails if the headers do not match the opcode, the payload does not match
     /// the headers, a field does not fit or `out` is too short; `out` then holds no frame.
     pub fn emit_udp_payload(&self, payload: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
+        let total = self.emit_udp_headers(payload.len(), out)?; // checked: out >= total
+        out[total - payload.len()..total].copy_from_slice(payload);
+        Ok(total)
+    }
+
+    /// [`PacketHeaders::emit_udp_payload`] but the payload: returns the same length and
+    /// leaves its last `payload_len` bytes to the caller (a card reads them from memory).
+    pub fn emit_udp_headers(&self, payload_len: usize, out: &mut [u8]) -> Result<usize, WireError> {
         self.check_headers()?;
-        self.check_payload(payload.len())?;
-        if payload.len() > MAX_PAYLOAD_LEN {
+        self.check_payload(payload_len)?;
+        if payload_len > MAX_PAYLOAD_LEN {
             return Err(WireError::FieldOutOfRange {
                 field: "payload length",
-                value: payload.len() as u64,
+                value: payload_len as u64,
                 max: MAX_PAYLOAD_LEN as u64,
             });
         }
         let area_len = self.header_area_len();
-        let total = self.udp_payload_len(payload.len());
+        let total = self.udp_payload_len(payload_len);
         let available = out.len();
         let (area, tail) = out
             .get_mut(..total)
@@ -330,9 +338,7 @@ impl PacketHeaders {
             emit_at(h, area, pos)?;
         }
         // `tail` is exactly filler + payload long (total = area + filler + payload).
-        let (filler, data) = tail.split_at_mut(self.filler_len());
-        filler.fill(0);
-        data.copy_from_slice(payload);
+        tail[..self.filler_len()].fill(0);
         Ok(total)
     }
 
@@ -567,18 +573,30 @@ impl RocePacket {
     /// Writes the whole frame into `out`; returns its length. Headers, payload and
     /// lengths are checked first (see the module doc).
     pub fn emit_frame(&self, payload: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
+        let n = self.emit_frame_headers(payload.len(), out)?;
+        out[n - payload.len()..n].copy_from_slice(payload);
+        Ok(n)
+    }
+
+    /// [`RocePacket::emit_frame`] but the payload: its last `payload_len` bytes are the
+    /// caller's to fill.
+    pub fn emit_frame_headers(
+        &self,
+        payload_len: usize,
+        out: &mut [u8],
+    ) -> Result<usize, WireError> {
         let available = out.len();
         let too_small = WireError::BufferTooSmall {
             header: HeaderKind::Frame,
-            needed: self.frame_len(payload.len()),
+            needed: self.frame_len(payload_len),
             available,
         };
         let udp_payload = out.get_mut(RDMA_HEADER_AREA_OFFSET..).ok_or(too_small)?;
-        let udp_payload_len = match self.headers.emit_udp_payload(payload, udp_payload) {
+        let udp_payload_len = match self.headers.emit_udp_headers(payload_len, udp_payload) {
             Err(WireError::BufferTooSmall { .. }) => return Err(too_small),
             other => other?,
         };
-        // Cannot overflow: emit_udp_payload bounds the payload by MAX_PAYLOAD_LEN.
+        // Cannot overflow: emit_udp_headers bounds the payload by MAX_PAYLOAD_LEN.
         let pos = self
             .envelope
             .emit(ROCE_V2_UDP_PORT, udp_payload_len as u16, out)?;

@@ -273,6 +273,31 @@ pub fn register_counters(regs: &dyn RegisterAccess) -> String {
     s
 }
 
+/// A card that runs in the driver's own threads (the inline emulated card): the verbs layer
+/// steps it where a real card would work by itself. Its command doorbells step it through
+/// the register access already; these are the other places.
+pub trait InlineCard: Send + Sync {
+    /// Runs the receive side once (an application polling its CQ); whether it did work.
+    fn receive(&self) -> bool;
+    /// Runs both sides once (the progress thread's round); whether they did work.
+    fn step(&self) -> bool;
+    /// Runs the transmit side if a doorbell of the send rings waits for it (the card
+    /// leaves work requests to the driver's next step; see `InlineNic::ring_send`).
+    fn flush_tx(&self) -> bool;
+    /// Whether a doorbell of the send rings waits for [`InlineCard::flush_tx`].
+    fn tx_pending(&self) -> bool;
+    /// Waits up to `timeout` for a frame (announced by its sender only if `announced`; an
+    /// application that spins on a CQ receives for itself) or [`InlineCard::wake`], then
+    /// runs the receive side (the progress thread with nothing to do).
+    fn wait(&self, timeout: Duration, announced: bool) -> bool;
+    /// An application's CQ poll found nothing (`spinning`) or found completions.
+    fn app_spins(&self, spinning: bool);
+    /// Simple-NIC frames the card has written to the host so far.
+    fn raw_frames(&self) -> u64;
+    /// Ends a thread's [`InlineCard::wait`].
+    fn wake(&self);
+}
+
 /// A device's platform parts, from one of the providers.
 pub struct Backend {
     /// Which backend.
@@ -289,6 +314,8 @@ pub struct Backend {
     pub buffers: BufferKind,
     /// What keeps the backend alive.
     pub handle: Box<dyn BackendHandle>,
+    /// The card, if it runs in the driver's threads.
+    pub inline: Option<Arc<dyn InlineCard>>,
 }
 
 impl fmt::Debug for Backend {

@@ -112,6 +112,7 @@ pub fn open_with(name: &str, card: &CardConfig) -> Result<Backend, OpenError> {
             device: parts.device,
             regs,
         }),
+        inline: None,
     })
 }
 

@@ -92,6 +92,7 @@ pub fn open(name: &str, cfg: &RtlConfig) -> Result<Backend, OpenError> {
             dma: dma_client,
             regs,
         }),
+        inline: None,
     })
 }
 

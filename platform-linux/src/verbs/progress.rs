@@ -3,6 +3,11 @@
 //! is none, hands received simple-NIC frames to the raw handler, fires armed CQs' events
 //! and delivers the engine's asynchronous events to the event handler, all without the
 //! device lock.
+//!
+//! With an inline emulated card it also steps the card each round, and where it would
+//! sleep it waits in the card's link instead (until a frame, a kick or the next deadline):
+//! frames are announced to it (a wake-up per batch) unless the application spins on a CQ
+//! for long, whose polls then receive for it with no wake-up of any thread.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -77,6 +82,8 @@ pub(super) fn progress_loop(inner: &Inner) {
             Err(std::sync::TryLockError::Poisoned(p)) => Some(round(&mut p.into_inner())),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
+        // An inline card, outside the engine lock: what arrived, and what the round posted.
+        let card_work = inner.inline.as_ref().is_some_and(|c| c.step());
         // The raw handler and event callbacks run without the engine lock.
         raw.deliver(inner);
         for cq in fire {
@@ -97,33 +104,96 @@ pub(super) fn progress_loop(inner: &Inner) {
             thread::yield_now();
             continue;
         };
-        if work {
+        if work || card_work {
             idle_rounds = 0;
             continue;
         }
         idle_rounds = idle_rounds.saturating_add(1);
-        if idle_rounds < 64 {
+        let until_deadline = |backoff: Duration| {
+            deadline
+                .map(|d| Duration::from_nanos(d.0.saturating_sub(inner.now().0)))
+                .unwrap_or(backoff)
+        };
+        if let Some(card) = &inner.inline {
+            if inner.app_spins_long(inner.now()) {
+                // The application spins on a CQ: its polls run the card and the engine
+                // with no wake-up of any thread, and senders do not announce frames to
+                // this thread. It looks again after a while for what only it does (armed
+                // CQs, raw frames, events); the application leaving its spin wakes it
+                // early when frames wait.
+                deep_wait(
+                    inner,
+                    &**card,
+                    until_deadline(SPIN_WAIT).min(SPIN_WAIT),
+                    false,
+                );
+                continue;
+            }
+            if idle_rounds >= SPIN_ROUNDS {
+                deep_wait(
+                    inner,
+                    &**card,
+                    until_deadline(DEEP_WAIT).min(DEEP_WAIT),
+                    true,
+                );
+                continue;
+            }
+        }
+        if idle_rounds < SPIN_ROUNDS {
             // A reply or an ACK usually follows within microseconds: stay close, but let
             // the card's threads run.
             thread::yield_now();
             continue;
         }
         // Back off: 20 us doubling to 1 ms, never past a retransmission deadline.
-        let backoff =
-            Duration::from_micros(20u64 << (idle_rounds - 64).min(6)).min(Duration::from_millis(1));
-        let until_deadline = deadline
-            .map(|d| Duration::from_nanos(d.0.saturating_sub(inner.now().0)))
-            .unwrap_or(backoff);
-        let (lock, cv) = &*inner.kick;
-        let Ok(guard) = lock.lock() else { return };
-        let (mut kicked, _) = cv
-            .wait_timeout_while(guard, backoff.min(until_deadline), |k| !*k)
-            .unwrap_or_else(|e| e.into_inner());
-        if *kicked {
-            *kicked = false;
+        let backoff = Duration::from_micros(20u64 << (idle_rounds - SPIN_ROUNDS).min(6))
+            .min(Duration::from_millis(1));
+        if wait_kick(inner, backoff.min(until_deadline(backoff))) {
             idle_rounds = 0;
         }
     }
+}
+
+/// Idle rounds spent yielding before the thread sleeps.
+const SPIN_ROUNDS: u32 = 64;
+/// How long the progress thread waits while the application spins.
+const SPIN_WAIT: Duration = Duration::from_millis(1);
+/// The longest wait in an inline card's link with no deadline (the engine's timers all
+/// have deadlines; this only bounds what a missed wake-up could cost).
+const DEEP_WAIT: Duration = Duration::from_millis(200);
+
+/// Sleeps until a kick or `timeout`; returns whether it was kicked.
+fn wait_kick(inner: &Inner, timeout: Duration) -> bool {
+    let (lock, cv) = &*inner.kick;
+    let Ok(guard) = lock.lock() else {
+        return false;
+    };
+    let (mut kicked, _) = cv
+        .wait_timeout_while(guard, timeout, |k| !*k)
+        .unwrap_or_else(|e| e.into_inner());
+    std::mem::take(&mut *kicked)
+}
+
+/// Waits in the inline card's link until a frame, a kick (which wakes the link while
+/// `deep_sleep` is up) or `timeout`.
+fn deep_wait(
+    inner: &Inner,
+    card: &dyn crate::backend::InlineCard,
+    timeout: Duration,
+    announced: bool,
+) {
+    inner.deep_sleep.store(true, Ordering::SeqCst);
+    // A kick before the flag went up is seen here; one after it wakes the link.
+    let kicked = inner
+        .kick
+        .0
+        .lock()
+        .map(|mut k| std::mem::take(&mut *k))
+        .unwrap_or(true);
+    if !kicked {
+        card.wait(timeout, announced);
+    }
+    inner.deep_sleep.store(false, Ordering::SeqCst);
 }
 
 /// Every armed CQ that holds a completion is disarmed and returned in `fire`

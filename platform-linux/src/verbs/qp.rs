@@ -203,7 +203,9 @@ impl Qp {
     pub unsafe fn post_send(&self, wrs: &[SendWr]) -> Result<(), (usize, Error)> {
         let ctx = &self.pd.0.ctx;
         let now = ctx.now();
-        let r = ctx.lock().post_send(self.qpn, wrs, now).map_err(|(k, e)| {
+        let mut dev = ctx.lock();
+        dev.defer_tx = ctx.inline.is_some() && ctx.post_burst(now, wrs.len());
+        let r = dev.post_send(self.qpn, wrs, now).map_err(|(k, e)| {
             (
                 k,
                 Error {
@@ -212,7 +214,8 @@ impl Qp {
                 },
             )
         });
-        ctx.kick();
+        drop(dev);
+        ctx.kick_posted();
         r
     }
 

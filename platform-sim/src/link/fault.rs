@@ -632,6 +632,10 @@ impl<L: LinkPort> LinkPort for FaultyLink<L> {
         self.inner.stats()
     }
 
+    fn waker(&self) -> Option<super::LinkWaker> {
+        self.inner.waker()
+    }
+
     /// A sender that applies the same rates with its own sequence of decisions (see
     /// [`FaultyLink`]). Its held frame is released by the port's `recv_frames` after the
     /// hold limit, or lost if the sender is dropped first.

@@ -27,6 +27,7 @@ mod stats;
 pub mod udp;
 
 use std::io;
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 pub use fault::{FaultConfig, FaultConfigError, FaultDecision, FaultyLink, FAULTS_ENV};
@@ -56,6 +57,10 @@ impl<S: FrameSender + ?Sized> FrameSender for Box<S> {
     }
 }
 
+/// Ends a [`LinkPort::recv_frames`] wait on its port from another thread: the inline
+/// card's progress thread waits in the link, and a driver that has work for it rings this.
+pub type LinkWaker = std::sync::Arc<dyn Fn() + Send + Sync>;
+
 /// One card's port on the link.
 pub trait LinkPort: Send {
     /// Transmits Ethernet frames (destination MAC first, no FCS), in order. A frame the
@@ -78,6 +83,29 @@ pub trait LinkPort: Send {
     /// thread while this one blocks in [`LinkPort::recv_frames`]. Fails only if the
     /// transport cannot give one (e.g. the socket cannot be duplicated).
     fn sender(&self) -> io::Result<Box<dyn FrameSender>>;
+    /// A way to end this port's [`LinkPort::recv_frames`] wait early (the call returns,
+    /// perhaps with no frame), if the transport has one. Wrappers return their inner
+    /// port's.
+    fn waker(&self) -> Option<LinkWaker> {
+        None
+    }
+    /// For a receiver that waits outside [`LinkPort::recv_frames`] (in `ppoll` on
+    /// [`LinkPort::wait_fds`], so that another thread may receive meanwhile): raises or
+    /// lowers the port's sign that its receiver sleeps. While it is up, senders that can
+    /// see it (the shared-memory rings) make `wait_fds` readable for each frame; while it
+    /// is down they do not, and a receiver must poll. Returns, when raising, whether frames
+    /// already wait (nobody will announce those). Lowering it also makes the next
+    /// `recv_frames` look at every socket. Ports without such a sign return false.
+    fn set_sleeping(&mut self, _sleeping: bool) -> bool {
+        false
+    }
+    /// The descriptors that become readable when a frame (or a [`LinkPort::waker`]'s
+    /// message) arrives, for a receiver that waits outside [`LinkPort::recv_frames`]; empty
+    /// when the port can be waited on only there (a port that must release held frames on
+    /// time, say). They live as long as the port.
+    fn wait_fds(&self) -> Vec<RawFd> {
+        Vec::new()
+    }
 }
 
 impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
@@ -99,5 +127,17 @@ impl<L: LinkPort + ?Sized> LinkPort for Box<L> {
 
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
         (**self).sender()
+    }
+
+    fn waker(&self) -> Option<LinkWaker> {
+        (**self).waker()
+    }
+
+    fn set_sleeping(&mut self, sleeping: bool) -> bool {
+        (**self).set_sleeping(sleeping)
+    }
+
+    fn wait_fds(&self) -> Vec<RawFd> {
+        (**self).wait_fds()
     }
 }

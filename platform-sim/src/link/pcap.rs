@@ -235,6 +235,18 @@ impl<L: LinkPort> LinkPort for CapturingLink<L> {
         self.inner.stats()
     }
 
+    fn waker(&self) -> Option<super::LinkWaker> {
+        self.inner.waker()
+    }
+
+    fn set_sleeping(&mut self, sleeping: bool) -> bool {
+        self.inner.set_sleeping(sleeping)
+    }
+
+    fn wait_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.inner.wait_fds()
+    }
+
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
         Ok(Box::new(CapturingSender {
             inner: self.inner.sender()?,

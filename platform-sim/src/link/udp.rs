@@ -363,6 +363,10 @@ impl LinkPort for UdpLink {
         }
         let mut delivered = 0;
         for datagram in self.rx.datagrams() {
+            if datagram == Ok(&[][..]) {
+                // An empty datagram carries no frame: a waker's (see `waker`), or nothing.
+                continue;
+            }
             let parsed = datagram
                 .map_err(|len| format!("datagram of {len} bytes cut short"))
                 .and_then(|bytes| DatagramFrames::parse(bytes).map_err(|e| e.to_string()));
@@ -386,6 +390,19 @@ impl LinkPort for UdpLink {
 
     fn stats(&self) -> &LinkStats {
         &self.tx.stats
+    }
+
+    fn wait_fds(&self) -> Vec<std::os::fd::RawFd> {
+        vec![self.tx.socket.as_raw_fd()]
+    }
+
+    /// An empty datagram to the port's own address (received as nothing).
+    fn waker(&self) -> Option<super::LinkWaker> {
+        let socket = Arc::clone(&self.tx.socket);
+        let me = self.local_addr();
+        Some(Arc::new(move || {
+            let _ = socket.send_to(&[], me);
+        }))
     }
 
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {

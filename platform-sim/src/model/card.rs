@@ -8,7 +8,8 @@
 //!
 //! [`SteppedNic`] is the same card without threads: its owner calls the transmit and
 //! receive steps itself and moves its [`VirtualClock`] (the two-card harness,
-//! [`crate::pair`]).
+//! [`crate::pair`]). [`super::InlineNic`] is that card on real time, stepped by its
+//! driver's threads (the default for the devices of the verbs API).
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -130,10 +131,18 @@ pub struct Shared {
     stop_reported: AtomicBool,
     /// Undecoded register accesses already taken as RTL stops.
     undecoded_seen: AtomicU64,
+    /// The card runs in its driver's threads ([`super::InlineNic`]): it never waits for
+    /// the driver, which is the thread that called it.
+    pub inline: bool,
 }
 
 impl Shared {
-    fn new(config: NicConfig, regs: Arc<RegisterFile>, clock: CardClock) -> Arc<Self> {
+    fn new(
+        config: NicConfig,
+        regs: Arc<RegisterFile>,
+        clock: CardClock,
+        inline: bool,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             regs,
             state: Mutex::new(CardState::new(config.page_size)),
@@ -144,6 +153,7 @@ impl Shared {
             first_stop: Mutex::new(None),
             stop_reported: AtomicBool::new(false),
             undecoded_seen: AtomicU64::new(0),
+            inline,
             config,
         })
     }
@@ -234,9 +244,10 @@ impl Shared {
     }
 
     /// Writes descriptors to a card-to-host ring, waiting while it is full (the card never
-    /// drops a report). Gives up only when the card stops, or at once on a virtual clock:
-    /// there the driver runs on the caller's thread, so nobody can free the ring while the
-    /// card waits (the descriptors are dropped and counted in `dma_faults`, and logged).
+    /// drops a report). Gives up only when the card stops, or at once on a virtual clock or
+    /// an inline card: there the driver runs on the caller's thread, so nobody can free the
+    /// ring while the card waits (the descriptors are dropped and counted in `dma_faults`,
+    /// and logged; an inline card fetches no more commands than the response ring holds).
     pub fn produce_blocking(&self, dma: &mut dyn DmaPort, id: RingId, descs: &[RawDesc]) {
         let mut waited = false;
         loop {
@@ -247,7 +258,7 @@ impl Shared {
                         NicStats::bump(&self.stats.backpressure_waits);
                         waited = true;
                     }
-                    if self.clock.is_virtual() {
+                    if self.clock.is_virtual() || self.inline {
                         NicStats::bump(&self.stats.dma_faults);
                         log::error!(
                             "{}: {id:?} ring full on a stepped card; {} descriptors dropped",
@@ -291,7 +302,7 @@ impl Nic {
             shared,
             mut tx,
             mut rx,
-        } = SteppedNic::build(config, regs, tx_dma, rx_dma, link, CardClock::real())?;
+        } = SteppedNic::build(config, regs, tx_dma, rx_dma, link, CardClock::real(), false)?;
         let name = shared.config.name.clone();
         let threads = vec![
             thread::Builder::new()
@@ -332,11 +343,19 @@ impl Nic {
 impl Drop for Nic {
     fn drop(&mut self) {
         self.stop();
-        if self.shared.config.rtl_stops == RtlStopPolicy::Fail && !thread::panicking() {
-            if let Some(event) = self.shared.unreported_rtl_stop() {
+        self.shared.fail_on_unreported_stop();
+    }
+}
+
+impl Shared {
+    /// Under [`RtlStopPolicy::Fail`], panics with the RTL stop nobody reported (a card
+    /// being dropped).
+    pub(super) fn fail_on_unreported_stop(&self) {
+        if self.config.rtl_stops == RtlStopPolicy::Fail && !thread::panicking() {
+            if let Some(event) = self.unreported_rtl_stop() {
                 panic!(
                     "{}: the card froze at an RTL stop ({}=fail): {event}",
-                    self.shared.config.name,
+                    self.config.name,
                     super::stops::RTL_STOPS_ENV
                 );
             }
@@ -348,9 +367,9 @@ impl Drop for Nic {
 /// moves its virtual clock. Frames go out and come in through `link` as in the threaded
 /// card; `recv_frames` is always called with a zero timeout.
 pub struct SteppedNic {
-    shared: Arc<Shared>,
-    tx: TxEngine,
-    rx: RxEngine,
+    pub(super) shared: Arc<Shared>,
+    pub(super) tx: TxEngine,
+    pub(super) rx: RxEngine,
 }
 
 impl SteppedNic {
@@ -371,19 +390,22 @@ impl SteppedNic {
             rx_dma,
             link,
             CardClock::Virtual(clock),
+            false,
         )
     }
 
-    /// Both sides of a card on `clock` (the threaded card runs them on its threads).
-    fn build(
+    /// Both sides of a card on `clock` (the threaded card runs them on its threads, the
+    /// inline card in its driver's).
+    pub(super) fn build(
         config: NicConfig,
         regs: Arc<RegisterFile>,
         tx_dma: Box<dyn DmaPort>,
         rx_dma: Box<dyn DmaPort>,
         link: Box<dyn LinkPort>,
         clock: CardClock,
+        inline: bool,
     ) -> std::io::Result<Self> {
-        let shared = Shared::new(config, regs, clock);
+        let shared = Shared::new(config, regs, clock, inline);
         let sender = link.sender()?;
         Ok(Self {
             tx: TxEngine::new(Arc::clone(&shared), tx_dma, sender),

@@ -6,6 +6,7 @@ pub mod autoack;
 pub mod card;
 pub mod clock;
 mod cmd;
+pub mod inline;
 pub mod regs;
 pub mod rings;
 mod rx;
@@ -16,5 +17,6 @@ mod tx;
 
 pub use card::{CardState, Nic, NicConfig, Shared, SteppedNic};
 pub use clock::{CardClock, VirtualClock};
+pub use inline::{InlineNic, CARD_ENV};
 pub use stats::{NicStats, NicStatsSnapshot};
 pub use stops::{RtlStop, RtlStopPolicy, RTL_STOPS_ENV};

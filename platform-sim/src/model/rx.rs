@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use bluerdma_core::addr::DeviceAddr;
@@ -70,6 +70,16 @@ impl RxEngine {
             let timeout = self.next_timeout();
             self.step(timeout);
         }
+    }
+
+    /// The link the card receives from.
+    pub fn link_mut(&mut self) -> &mut dyn LinkPort {
+        &mut *self.link
+    }
+
+    /// Whether reports wait for room in a card-to-host ring.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
     }
 
     fn next_timeout(&self) -> Duration {
@@ -130,11 +140,12 @@ impl RxEngine {
                 dma: &mut **dma,
                 pending,
                 naks,
+                state: None,
             };
             match link.recv_frames(timeout, &mut |frame| ctx.frame(frame)) {
                 Ok(k) => n = k,
                 Err(e) => {
-                    log::error!("{}: link receive failed: {e}", self.shared.config.name);
+                    log::error!("{}: link receive failed: {e}", shared.config.name);
                     std::thread::sleep(timeout);
                 }
             }
@@ -233,13 +244,23 @@ struct RxContext<'a> {
     dma: &'a mut dyn DmaPort,
     pending: &'a mut VecDeque<Pending>,
     naks: &'a mut Vec<Vec<u8>>,
+    /// The card state, locked at the batch's first frame and held to its end (one lock per
+    /// batch, not per frame).
+    state: Option<MutexGuard<'a, CardState>>,
 }
 
 /// Why a packet was dropped: the counter register it bumps, if any.
 struct Drop(Option<Counter>);
 
-impl RxContext<'_> {
+impl<'a> RxContext<'a> {
     fn frame(&mut self, frame: &[u8]) {
+        let shared: &'a Shared = self.shared;
+        let mut state = self.state.take().unwrap_or_else(|| shared.state());
+        self.frame_locked(&mut state, frame);
+        self.state = Some(state);
+    }
+
+    fn frame_locked(&mut self, state: &mut CardState, frame: &[u8]) {
         let stats = &self.shared.stats;
         if self.shared.frozen() {
             // An earlier frame of this batch froze the card.
@@ -248,7 +269,6 @@ impl RxContext<'_> {
         }
         NicStats::bump(&stats.rx_frames);
         let regs = &self.shared.regs;
-        let mut state = self.shared.state();
         let Some(net) = state.net else {
             NicStats::bump(&stats.rx_before_setup);
             return;
@@ -280,7 +300,7 @@ impl RxContext<'_> {
             && frame[36..38] == 4791u16.to_be_bytes();
         if !is_roce {
             regs.bump(Counter::EthSimpleNic);
-            self.simple_rx(&mut state, frame);
+            self.simple_rx(state, frame);
             return;
         }
         regs.bump(Counter::EthRdma);
@@ -303,7 +323,7 @@ impl RxContext<'_> {
             }
         };
         let payload = frame.get(payload).unwrap_or(&[]);
-        match self.packet(&mut state, &packet.headers, payload) {
+        match self.packet(state, &packet.headers, payload) {
             Ok(()) => NicStats::bump(&stats.rx_accepted),
             Err(Drop(counter)) => {
                 NicStats::bump(&stats.rx_check_failed);

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bluerdma_core::addr::VirtAddr;
+use bluerdma_core::addr::{DeviceAddr, VirtAddr};
 use bluerdma_core::desc::send::{SendFlags, SendRequest, WorkReqOpcode};
 use bluerdma_core::desc::simple_nic::SimpleNicTx;
 use bluerdma_core::desc::RawDesc;
@@ -34,6 +34,8 @@ use crate::mem::DmaPort;
 
 /// Descriptors fetched from a ring per pass.
 const FETCH_BATCH: usize = 64;
+/// Frames of whole WQEs held before they go to the link in one call.
+const FLUSH_BYTES: usize = 256 << 10;
 /// Largest frame the simple NIC transmits (a jumbo frame).
 const MAX_SIMPLE_FRAME: usize = 9216;
 
@@ -45,10 +47,69 @@ pub struct TxEngine {
     descs: Vec<RawDesc>,
     /// Send-ring descriptors of a WQE whose has_next chain is not complete yet.
     partial: Vec<RawDesc>,
-    frames: Vec<Vec<u8>>,
-    payload: Vec<u8>,
+    /// The frames of this pass, back to back, built in place (the buffer grows to the
+    /// largest batch and is reused: no allocation or zeroing per frame).
+    frames: FrameArena,
+    /// Where the payload of the WQE being packetised lies in host memory: (device address,
+    /// length) pieces in order, from the MR table under one lock.
+    pieces: Vec<(DeviceAddr, u64)>,
+    /// The next payload byte to read: a piece and the offset in it.
+    cursor: (usize, u64),
     /// The ring resets (`RegisterFile::resets`) when the descriptors in hand were fetched.
     fetched_under: u64,
+}
+
+/// Frames back to back in one reusable buffer.
+#[derive(Default)]
+struct FrameArena {
+    bytes: Vec<u8>,
+    /// End of each frame in `bytes`.
+    ends: Vec<usize>,
+}
+
+impl FrameArena {
+    fn used(&self) -> usize {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    /// `len` bytes for the next frame (not zeroed: the caller writes all of them); it
+    /// becomes a frame on [`FrameArena::commit`].
+    fn next(&mut self, len: usize) -> &mut [u8] {
+        let start = self.used();
+        if self.bytes.len() < start + len {
+            self.bytes.resize(start + len, 0);
+        }
+        &mut self.bytes[start..start + len]
+    }
+
+    fn commit(&mut self, len: usize) {
+        self.ends.push(self.used() + len);
+    }
+
+    /// Forgets the frames after the first `n`.
+    fn truncate(&mut self, n: usize) {
+        self.ends.truncate(n);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.ends.clear();
+    }
+
+    fn slices(&self) -> Vec<&[u8]> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let f = &self.bytes[start..end];
+                start = end;
+                f
+            })
+            .collect()
+    }
 }
 
 impl TxEngine {
@@ -60,8 +121,9 @@ impl TxEngine {
             link,
             descs: Vec::with_capacity(FETCH_BATCH),
             partial: Vec::new(),
-            frames: Vec::new(),
-            payload: Vec::new(),
+            frames: FrameArena::default(),
+            pieces: Vec::new(),
+            cursor: (0, 0),
             fetched_under: 0,
         }
     }
@@ -131,16 +193,10 @@ impl TxEngine {
         work
     }
 
-    fn fetch(&mut self, id: RingId) -> usize {
+    fn fetch(&mut self, id: RingId, max: usize) -> usize {
         self.descs.clear();
         self.fetched_under = self.shared.regs.resets();
-        match rings::fetch(
-            &self.shared.regs,
-            &mut *self.dma,
-            id,
-            &mut self.descs,
-            FETCH_BATCH,
-        ) {
+        match rings::fetch(&self.shared.regs, &mut *self.dma, id, &mut self.descs, max) {
             Ok(n) => n,
             Err(e) => {
                 self.dma_failed(&format!("{id:?} ring fetch"), &e);
@@ -150,7 +206,15 @@ impl TxEngine {
     }
 
     fn commands(&mut self) -> bool {
-        if self.fetch(RingId::CmdRequest) == 0 {
+        // An inline card runs in the driver's thread and cannot wait for it to free the
+        // response ring: it takes only the commands it can answer (each has one response
+        // at most), as a card blocked on a full response ring would.
+        let max = if self.shared.inline {
+            FETCH_BATCH.min(rings::free_slots(&self.shared.regs, RingId::CmdResponse) as usize)
+        } else {
+            FETCH_BATCH
+        };
+        if max == 0 || self.fetch(RingId::CmdRequest, max) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);
@@ -172,7 +236,7 @@ impl TxEngine {
     }
 
     fn send_ring(&mut self) -> bool {
-        if self.shared.frozen() || self.fetch(RingId::Send(0)) == 0 {
+        if self.shared.frozen() || self.fetch(RingId::Send(0), FETCH_BATCH) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);
@@ -189,7 +253,12 @@ impl TxEngine {
             // two of any chain (C10); the model refuses a malformed chain instead.
             if self.partial.len() == 2 {
                 match SendRequest::decode(&self.partial[0], &self.partial[1]) {
-                    Ok(req) => self.wqe(&req),
+                    Ok(req) => {
+                        self.wqe(&req);
+                        if self.frames.used() >= FLUSH_BYTES {
+                            self.flush_frames();
+                        }
+                    }
                     Err(e) => {
                         NicStats::bump(&self.shared.stats.bad_wqes);
                         log::error!("{}: bad send WQE: {e}", self.shared.config.name);
@@ -277,7 +346,7 @@ impl TxEngine {
                 });
             }
             self.add_imm(&mut h, op, s1.imm);
-            self.emit(envelope, h, 0);
+            self.emit(envelope, h, 0).ok();
             return;
         }
 
@@ -292,11 +361,10 @@ impl TxEngine {
             );
             return;
         };
-        // Payload of the whole chunk, read through the sender's MR table.
-        self.payload.clear();
-        self.payload.resize(len as usize, 0);
+        // Where the chunk's payload lies, through the sender's MR table (one lock per WQE).
         let lkey_index = s1.lkey.index();
-        let mut fault = None;
+        self.pieces.clear();
+        self.cursor = (0, 0);
         {
             let state = self.shared.state();
             if !state.tables.mr(lkey_index).valid {
@@ -309,24 +377,15 @@ impl TxEngine {
                 });
                 return;
             }
-            let payload = &mut self.payload;
-            let dma = &mut *self.dma;
+            let pieces = &mut self.pieces;
             state
                 .tables
-                .translate(lkey_index, s1.laddr.0, len, |dev, off, plen| {
-                    if fault.is_none() {
-                        let dst = &mut payload[off as usize..(off + plen) as usize];
-                        if let Err(e) = dma.read(dev, dst) {
-                            fault = Some(e);
-                        }
-                    }
+                .translate(lkey_index, s1.laddr.0, len, |dev, _off, plen| {
+                    pieces.push((dev, plen))
                 });
         }
-        if let Some(e) = fault {
-            self.dma_failed("payload read", &e);
-            return;
-        }
-
+        // The WQE's frames go out whole or not at all (a read fault drops them all).
+        let first_frame = self.frames.ends.len();
         let n = (last_byte / pmtu) - (a / pmtu) + 1;
         let mut start = a;
         let mut psn = s0.psn;
@@ -353,12 +412,15 @@ impl TxEngine {
             if last {
                 self.add_imm(&mut h, op, s1.imm);
             }
-            let off = (start - a) as usize;
-            self.emit(envelope, h, off..off + plen as usize);
-            NicStats::add(&stats.tx_payload_bytes, plen);
+            if let Err(e) = self.emit(envelope, h, plen as usize) {
+                self.frames.truncate(first_frame);
+                self.dma_failed("payload read", &e);
+                return;
+            }
             start = end;
             psn = (psn + 1) & 0x00FF_FFFF;
         }
+        NicStats::add(&stats.tx_payload_bytes, len);
     }
 
     fn add_imm(&self, h: &mut PacketHeaders, op: WorkReqOpcode, imm: u32) {
@@ -377,30 +439,50 @@ impl TxEngine {
         }
     }
 
+    /// Builds one frame in place: its headers, then its `plen` payload bytes, the next of
+    /// the WQE's payload ([`TxEngine::pieces`] from [`TxEngine::cursor`]), read from host
+    /// memory straight into the frame. A frame that cannot be built is counted and
+    /// skipped; a read fault is the caller's to handle.
     fn emit(
         &mut self,
         envelope: FrameEnvelope,
         headers: PacketHeaders,
-        payload: impl PayloadRange,
-    ) {
+        plen: usize,
+    ) -> Result<(), crate::mem::DmaFault> {
         let packet = RocePacket { envelope, headers };
-        let bytes = payload.slice(&self.payload);
-        let mut frame = vec![0u8; packet.frame_len(bytes.len())];
-        match packet.emit_frame(bytes, &mut frame) {
-            Ok(n) => {
-                frame.truncate(n);
-                self.frames.push(frame);
-                NicStats::bump(&self.shared.stats.tx_packets);
-            }
+        let len = packet.frame_len(plen);
+        let frame = self.frames.next(len);
+        let n = match packet.emit_frame_headers(plen, frame) {
+            Ok(n) => n,
             Err(e) => {
                 NicStats::bump(&self.shared.stats.bad_wqes);
                 log::error!("{}: cannot build packet: {e}", self.shared.config.name);
+                return Ok(());
+            }
+        };
+        // The WQE's packets take its payload in order: read on from where the last ended.
+        let mut dst = &mut frame[n - plen..n];
+        while !dst.is_empty() {
+            let Some(&(dev, piece)) = self.pieces.get(self.cursor.0) else {
+                break;
+            };
+            let at = self.cursor.1;
+            let take = ((piece - at) as usize).min(dst.len());
+            let (now, rest) = dst.split_at_mut(take);
+            self.dma.read(DeviceAddr(dev.0 + at), now)?;
+            dst = rest;
+            self.cursor.1 += take as u64;
+            if self.cursor.1 == piece {
+                self.cursor = (self.cursor.0 + 1, 0);
             }
         }
+        self.frames.commit(n);
+        NicStats::bump(&self.shared.stats.tx_packets);
+        Ok(())
     }
 
     fn simple_tx(&mut self) -> bool {
-        if self.shared.frozen() || self.fetch(RingId::SimpleNicTx) == 0 {
+        if self.shared.frozen() || self.fetch(RingId::SimpleNicTx, FETCH_BATCH) == 0 {
             return false;
         }
         let descs = std::mem::take(&mut self.descs);
@@ -418,10 +500,9 @@ impl TxEngine {
                 );
                 continue;
             }
-            let mut frame = vec![0u8; len];
-            match self.dma.read(tx.addr, &mut frame) {
+            match self.dma.read(tx.addr, self.frames.next(len)) {
                 Ok(()) => {
-                    self.frames.push(frame);
+                    self.frames.commit(len);
                     NicStats::bump(&self.shared.stats.simple_tx);
                 }
                 Err(e) => self.dma_failed("simple-NIC frame read", &e),
@@ -435,28 +516,10 @@ impl TxEngine {
         if self.frames.is_empty() {
             return;
         }
-        let refs: Vec<&[u8]> = self.frames.iter().map(Vec::as_slice).collect();
-        if let Err(e) = self.link.send_frames(&refs) {
+        if let Err(e) = self.link.send_frames(&self.frames.slices()) {
             log::error!("{}: link send failed: {e}", self.shared.config.name);
         }
         self.frames.clear();
-    }
-}
-
-/// Where a packet's payload lies in the chunk buffer.
-trait PayloadRange {
-    fn slice(self, buf: &[u8]) -> &[u8];
-}
-
-impl PayloadRange for usize {
-    fn slice(self, _buf: &[u8]) -> &[u8] {
-        &[]
-    }
-}
-
-impl PayloadRange for std::ops::Range<usize> {
-    fn slice(self, buf: &[u8]) -> &[u8] {
-        buf.get(self).unwrap_or(&[])
     }
 }
 

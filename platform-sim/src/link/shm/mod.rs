@@ -60,6 +60,9 @@ pub const SHM_ENV: &str = "BLUERDMA_LINK_SHM";
 pub const MAX_RX_RINGS: usize = 64;
 /// A busy receiver looks at its UDP socket and bell once every this many calls.
 const SOCKET_CHECK_EVERY: u32 = 8;
+/// A receiver called with nothing to take and no time to wait looks at its UDP socket and
+/// bell if it has not for this long.
+const SOCKET_CHECK_IDLE: Duration = Duration::from_micros(50);
 /// Bell messages handled per call.
 const BELL_BATCH: usize = 64;
 
@@ -275,6 +278,8 @@ struct Receiver {
     msg: [u8; 64],
     fds: Vec<OwnedFd>,
     calls_since_sockets: u32,
+    /// When the sockets were last looked at.
+    sockets_checked: Instant,
     next_probe: Instant,
 }
 
@@ -291,6 +296,7 @@ impl Receiver {
             msg: [0; 64],
             fds: Vec::new(),
             calls_since_sockets: 0,
+            sockets_checked: Instant::now(),
             next_probe: Instant::now() + cfg.probe_every,
         }
     }
@@ -305,7 +311,10 @@ impl Receiver {
         let mut n = self.poll_rings(&stats, on_frame);
         self.calls_since_sockets += 1;
         if n > 0 || timeout.is_zero() {
-            if n == 0 || self.calls_since_sockets >= SOCKET_CHECK_EVERY {
+            // A caller that spins (a driver polling its CQ) looks at the sockets now and
+            // then, not at every call: a system call each time would be most of its cost.
+            let idle_check = n == 0 && self.sockets_checked.elapsed() >= SOCKET_CHECK_IDLE;
+            if idle_check || self.calls_since_sockets >= SOCKET_CHECK_EVERY {
                 n += self.poll_sockets(udp, Duration::ZERO, &stats, on_frame)?;
             }
         } else {
@@ -379,6 +388,7 @@ impl Receiver {
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
         self.calls_since_sockets = 0;
+        self.sockets_checked = Instant::now();
         let (udp_ready, bell_ready) = wait_either(udp.as_fd(), self.bell.as_fd(), timeout)?;
         let mut n = 0;
         if udp_ready {
@@ -521,6 +531,41 @@ impl LinkPort for ShmLink {
 
     fn stats(&self) -> &LinkStats {
         self.udp.stats()
+    }
+
+    fn set_sleeping(&mut self, sleeping: bool) -> bool {
+        let rx = &mut self.rx;
+        if !sleeping {
+            // Whoever receives next looks at the sockets (a bell message may be waiting).
+            let now = Instant::now();
+            rx.sockets_checked = now.checked_sub(SOCKET_CHECK_IDLE).unwrap_or(now);
+            rx.calls_since_sockets = SOCKET_CHECK_EVERY;
+        }
+        rx.rings
+            .iter()
+            .fold(false, |w, r| r.ring.set_sleeping(sleeping) | w)
+    }
+
+    fn wait_fds(&self) -> Vec<std::os::fd::RawFd> {
+        vec![
+            self.udp.as_fd().as_raw_fd(),
+            self.rx.bell.as_fd().as_raw_fd(),
+        ]
+    }
+
+    /// A wake message to this card's own bell: the `ppoll` of a waiting receive returns.
+    fn waker(&self) -> Option<super::LinkWaker> {
+        let bell = match PeerBell::connect(self.rx.bell.path()) {
+            Ok(b) => b,
+            Err(e) => {
+                log::warn!("link {}: no waker on its own bell: {e}", self.rx.me);
+                return None;
+            }
+        };
+        Some(Arc::new(move || {
+            // A full bell queue already wakes the receiver.
+            let _ = bell.send(BellMsg::Wake, None);
+        }))
     }
 
     fn sender(&self) -> io::Result<Box<dyn FrameSender>> {
