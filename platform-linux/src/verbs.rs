@@ -384,7 +384,10 @@ impl Context {
     /// Drives the engine once (the progress thread does this too).
     pub fn poll(&self) -> bool {
         let now = self.inner.now();
-        self.inner.lock().poll(now)
+        let mut clock = self.inner.clock();
+        let mut dev = self.inner.lock();
+        let work = dev.poll(now);
+        dev.run_remote_invalidations(&mut clock) || work
     }
 }
 impl Drop for Context {
@@ -594,8 +597,10 @@ impl Cq {
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize, Error> {
         let ctx = &self.0.ctx;
         let now = ctx.now();
+        let mut clock = ctx.clock();
         let mut dev = ctx.lock();
         dev.poll(now);
+        dev.run_remote_invalidations(&mut clock);
         let n = dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))?;
         drop(dev);
         if n == 0 {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use bluerdma_core::oob::{AtomicRequest, Capabilities, RecordKind, RECV_WR_LEN};
+use bluerdma_core::oob::{AtomicRequest, Capabilities, CheckOp, RecordKind, RECV_WR_LEN};
 
 /// The peer's queue already holds its limit of records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,8 @@ pub(super) struct Withheld {
 /// Removes from `queued` (whole records, kept in order otherwise) what a peer with
 /// capabilities `caps` does not take: receive-WR-too-short records without
 /// LENGTH_ERRORS, atomic requests and replies without ATOMICS, access checks and verdicts
-/// without ACCESS_CHECKS.
+/// without ACCESS_CHECKS, remote invalidations (checks of op SEND_WITH_INV) without
+/// REMOTE_INVALIDATE.
 pub(super) fn withhold(queued: &mut Vec<u8>, caps: Capabilities) -> Withheld {
     let kind = |k: RecordKind| Some(k as u32);
     let refused = |r: &[u8]| {
@@ -84,6 +85,9 @@ pub(super) fn withhold(queued: &mut Vec<u8>, caps: Capabilities) -> Withheld {
         !caps.contains(Capabilities::LENGTH_ERRORS) && k == kind(RecordKind::RecvTooShort)
             || !caps.contains(Capabilities::ACCESS_CHECKS)
                 && (k == kind(RecordKind::AccessCheck) || k == kind(RecordKind::AccessVerdict))
+            || !caps.contains(Capabilities::REMOTE_INVALIDATE)
+                && k == kind(RecordKind::AccessCheck)
+                && r.first() == Some(&(CheckOp::SendInv as u8))
             || !caps.contains(Capabilities::ATOMICS)
                 && [
                     RecordKind::AtomicRequest,
