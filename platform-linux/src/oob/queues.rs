@@ -157,6 +157,30 @@ mod tests {
     }
 
     #[test]
+    fn remote_invalidations_go_only_to_a_peer_that_takes_them() {
+        use bluerdma_core::oob::AccessCheck;
+        let check = |op| {
+            AccessCheck {
+                op,
+                rkey: 0x3c9,
+                qpn: 1,
+                ..AccessCheck::default()
+            }
+            .to_bytes()
+            .unwrap()
+        };
+        let (inv, send) = (check(CheckOp::SendInv), check(CheckOp::Send));
+        let all = [&wr(1)[..], &inv, &send].concat();
+        let mut q = all.clone();
+        let w = withhold(&mut q, Capabilities::OURS - Capabilities::REMOTE_INVALIDATE);
+        assert_eq!(w.records, 1);
+        assert_eq!(q, [&wr(1)[..], &send].concat());
+        let mut q = all.clone();
+        assert_eq!(withhold(&mut q, Capabilities::OURS), Withheld::default());
+        assert_eq!(q, all);
+    }
+
+    #[test]
     fn withholding_takes_out_what_the_peer_does_not_take_and_keeps_the_rest_in_order() {
         let short = RecvTooShort {
             wr_id: 7,
