@@ -20,7 +20,7 @@
  *   then ibv_dealloc_mw: refused again;
  * - IBV_WR_SEND_WITH_INV from the peer: the bytes arrive, the receive completion has
  *   IBV_WC_WITH_INV and invalidated_rkey, the SEND IBV_WC_SUCCESS, and a WRITE through
- *   the window is then REM_ACCESS_ERR; one naming an MR's rkey completes with
+ *   the window is then REM_ACCESS_ERR (and its MR takes ibv_rereg_mr again); one naming an MR's rkey completes with
  *   IBV_WC_REM_OP_ERR, its receive WR with IBV_WC_LOC_PROT_ERR, nothing written, the
  *   window left bound;
  * - ibv_alloc_mw of type 3 is EINVAL; a bind to an MR without MW_BIND completes with
@@ -311,6 +311,10 @@ static void remote_inv(struct end *a, struct end *b, struct ibv_mr *src)
     write_expect(a, src, 8, (uintptr_t)t, rkey, IBV_WC_REM_ACCESS_ERR,
                  "WRITE through a remotely invalidated window");
     fresh(a, b);
+    /* The MR no longer has a window bound: ibv_rereg_mr is no longer refused (EBUSY). */
+    check_rc(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND),
+             "ibv_rereg_mr after the remote invalidation");
     ok("IBV_WR_SEND_WITH_INV: bytes arrive, IBV_WC_WITH_INV with invalidated_rkey %#x, then "
        "IBV_WC_REM_ACCESS_ERR through the window",
        rkey);

@@ -80,6 +80,12 @@ pub(crate) fn poll_some(c: &Cq, buf: &mut [WorkCompletion]) -> Result<usize, c_i
     let k = c.cq.poll(buf).map_err(fail)?;
     c.scatter.completed(&mut buf[..k]);
     c.srq_members.completed(&buf[..k]);
+    for w in &buf[..k] {
+        if w.wc_flags & WC_WITH_INV != 0 {
+            let key = bluerdma_core::keys::MrKey::from_raw(w.imm_data);
+            crate::mw::remotely_invalidated(c.ibv.context as usize, key);
+        }
+    }
     Ok(k)
 }
 
