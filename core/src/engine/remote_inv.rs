@@ -31,6 +31,7 @@ use crate::transport::Psn;
 
 use super::qp::QpIndex;
 use super::responder::{MsgEnd, MsgKind};
+use super::storage::Timer;
 use super::wqe::{InvStep, Invalidate, Wqe, WqeKind};
 use super::wr::WcStatus;
 use super::{Device, Platform, Storage};
@@ -108,6 +109,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
             Ok(()) => {
                 self.stats.remote_invalidations += 1;
                 self.put_wqe(i, k, with_step(*w, InvStep::Asked(next_psn)));
+                // A verdict that never comes (the peer's QP is gone) ends in RETRY_EXC_ERR.
+                let at = a
+                    .ack_timeout(self.cfg.ack_timeout_min)
+                    .map(|t| self.now + t);
+                self.timers(i).set(Timer::Retransmit, at);
             }
             // Asked again at the next poll (the WQE stays pending).
             Err(e) => core_debug!(
@@ -132,6 +138,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if invalidate_of(&w).is_none_or(|inv| inv.step != asked) {
             return false;
         }
+        self.timers(i).set(Timer::Retransmit, None);
         if v.verdict == CheckVerdict::Accepted {
             self.put_wqe(i, 0, with_step(w, InvStep::Done));
             let now = self.now;
@@ -144,6 +151,38 @@ impl<P: Platform, S: Storage> Device<P, S> {
             );
             self.fail_qp(i, WcStatus::RemOpErr);
         }
+        true
+    }
+
+    /// The retransmission timer of QP `i` fired while its oldest request, a SEND_WITH_INV,
+    /// waits for the verdict on its invalidation (a responder whose QP is gone or in ERR
+    /// does not answer): another wait uses a retry, as a lost request would; none left is
+    /// RETRY_EXC_ERR. The responder is not asked twice (it may have invalidated the window
+    /// already). False: not that case.
+    pub(crate) fn on_inv_timeout(&mut self, i: QpIndex) -> bool {
+        if self.sq(i).sent() != 0 {
+            return false;
+        }
+        let Some(w) = self.sq(i).get(0).copied() else {
+            return false;
+        };
+        if !invalidate_of(&w).is_some_and(|inv| matches!(inv.step, InvStep::Asked(_))) {
+            return false;
+        }
+        self.stats.timeouts += 1;
+        if !self.qp(i).req.use_retry() {
+            core_warn!(
+                "QP {:#x}: no verdict on a SEND_WITH_INV's invalidation: RETRY_EXC_ERR",
+                self.qp(i).attrs.qpn.get()
+            );
+            self.fail_qp(i, WcStatus::RetryExcErr);
+            return true;
+        }
+        let a = self.qp(i).attrs;
+        let at = a
+            .ack_timeout(self.cfg.ack_timeout_min)
+            .map(|t| self.now + t);
+        self.timers(i).set(Timer::Retransmit, at);
         true
     }
 
