@@ -387,6 +387,12 @@ pub trait OobTransport {
         let _ = (peer, msg);
         Err(PlatformError::Unsupported)
     }
+    /// The capabilities of `peer`'s hello, if a connection to it is open (`None`: not known
+    /// now, the default).
+    fn peer_capabilities(&self, peer: Ipv4Addr) -> Option<crate::oob::Capabilities> {
+        let _ = peer;
+        None
+    }
     /// Takes the next event, if any. Never blocks.
     fn poll(&mut self) -> Option<OobEvent>;
 }

@@ -411,6 +411,12 @@ const ACCESS_CHECK_RECORD: &str = "
     01 00 00 00 | 00 ab cd ef | 00 00 7f 12 34 60 00 40 | 00 01 00 00 | 00 00 03 07
     00 00 01 05 | 00 00 00 05";
 
+/// A remote invalidation (kind 5, op 3 SEND_WITH_INV): the PSN the SEND will start at,
+/// address and length zero, the rkey to invalidate, the requester's QPN.
+const REMOTE_INV_RECORD: &str = "
+    03 00 00 00 | 00 00 00 2a | 00 00 00 00 00 00 00 00 | 00 00 00 00 | 00 00 03 c9
+    00 00 01 05 | 00 00 00 05";
+
 /// The access verdict (kind 6): zero, the request's first PSN, zero, verdict 1 (access
 /// error), zero, the responder's QPN.
 const ACCESS_VERDICT_RECORD: &str = "
@@ -418,9 +424,9 @@ const ACCESS_VERDICT_RECORD: &str = "
     00 01 23 ab | 00 00 00 06";
 
 /// The hello: "BRDM", version 2, reserved 0, capabilities RECV_WR_RECORDS (bit 0),
-/// LENGTH_ERRORS (bit 1), ATOMICS (bit 2) and ACCESS_CHECKS (bit 3), device IP
-/// 17.34.51.10, nonce 00..0f.
-const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 0f | 11 22 33 0a
+/// LENGTH_ERRORS (bit 1), ATOMICS (bit 2), ACCESS_CHECKS (bit 3) and REMOTE_INVALIDATE
+/// (bit 4), device IP 17.34.51.10, nonce 00..0f.
+const HELLO: &str = "42 52 44 4d | 00 02 | 00 00 | 00 00 00 1f | 11 22 33 0a
     00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f";
 
 /// A proof: 32 opaque bytes after the hello.
@@ -534,6 +540,20 @@ fn access_check_vectors() {
         Record::parse(&expected),
         Ok((Record::AccessCheck(access_check()), &[][..]))
     );
+    let inv = AccessCheck {
+        op: CheckOp::SendInv,
+        psn: 0x2a,
+        addr: 0,
+        len: 0,
+        rkey: 0x3c9,
+        qpn: 0x105,
+    };
+    let expected = hex(REMOTE_INV_RECORD);
+    assert_eq!(inv.to_bytes().unwrap()[..], expected[..]);
+    assert_eq!(
+        Record::parse(&expected),
+        Ok((Record::AccessCheck(inv), &[][..]))
+    );
     let expected = hex(ACCESS_VERDICT_RECORD);
     assert_eq!(access_verdict().to_bytes().unwrap()[..], expected[..]);
     assert_eq!(
@@ -552,6 +572,7 @@ fn hello_vector() {
             | Capabilities::LENGTH_ERRORS
             | Capabilities::ATOMICS
             | Capabilities::ACCESS_CHECKS
+            | Capabilities::REMOTE_INVALIDATE
     );
     assert_eq!(hello.to_bytes()[..], expected[..]);
     assert_eq!(Hello::parse(&expected), Ok((hello, &[][..])));

@@ -86,6 +86,11 @@ impl OobTransport for HubOob {
         self.deliver(peer, OobEvent::Check { from, msg: *msg })
     }
 
+    /// Every endpoint of the hub has all of this driver's capabilities.
+    fn peer_capabilities(&self, _peer: Ipv4Addr) -> Option<bluerdma_core::oob::Capabilities> {
+        Some(bluerdma_core::oob::Capabilities::OURS)
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         self.hub.inboxes.lock().ok()?.get_mut(&self.ip)?.pop_front()
     }
@@ -107,6 +112,9 @@ impl OobTransport for DynOob {
     }
     fn send_check(&mut self, peer: Ipv4Addr, msg: &CheckMessage) -> Result<(), PlatformError> {
         self.0.send_check(peer, msg)
+    }
+    fn peer_capabilities(&self, peer: Ipv4Addr) -> Option<bluerdma_core::oob::Capabilities> {
+        self.0.peer_capabilities(peer)
     }
     fn poll(&mut self) -> Option<OobEvent> {
         self.0.poll()

@@ -32,8 +32,7 @@ use bluerdma_core::qp::QpType;
 use bluerdma_core::time::{Instant, Nanos};
 
 use crate::backend::{
-    Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, InlineCard, OpenError,
-    Tuning,
+    Backend, BackendHandle, BackendKind, BufferKind, DynPlatform, InlineCard, OpenError, Tuning,
 };
 use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
@@ -476,7 +475,10 @@ impl Context {
     pub fn poll(&self) -> bool {
         let now = self.inner.now();
         let card = self.inner.inline.as_ref().is_some_and(|c| c.step());
-        self.inner.lock().poll(now) | card
+        let mut clock = self.inner.clock();
+        let mut dev = self.inner.lock();
+        let work = dev.poll(now);
+        dev.run_remote_invalidations(&mut clock) || work || card
     }
 }
 impl Drop for Context {
@@ -687,8 +689,10 @@ impl Cq {
         let ctx = &self.0.ctx;
         let now = ctx.now();
         ctx.app_poll();
+        let mut clock = ctx.clock();
         let mut dev = ctx.lock();
         dev.poll(now);
+        dev.run_remote_invalidations(&mut clock);
         let n = dev.poll_cq(self.0.cq, out).map_err(err("poll_cq"))?;
         // The guard runs what the engine posted in this poll (ACKs, resent requests).
         drop(dev);

@@ -18,6 +18,11 @@
  * - type 2: IBV_WR_BIND_MW with rkey ibv_inc_rkey(mw->rkey), a WRITE through it lands,
  *   IBV_WR_LOCAL_INV completes with IBV_WC_LOCAL_INV and the rkey is refused; rebound,
  *   then ibv_dealloc_mw: refused again;
+ * - IBV_WR_SEND_WITH_INV from the peer: the bytes arrive, the receive completion has
+ *   IBV_WC_WITH_INV and invalidated_rkey, the SEND IBV_WC_SUCCESS, and a WRITE through
+ *   the window is then REM_ACCESS_ERR (and its MR takes ibv_rereg_mr again); one naming an MR's rkey completes with
+ *   IBV_WC_REM_OP_ERR, its receive WR with IBV_WC_LOC_PROT_ERR, nothing written, the
+ *   window left bound;
  * - ibv_alloc_mw of type 3 is EINVAL; a bind to an MR without MW_BIND completes with
  *   IBV_WC_MW_BIND_ERR and the QP goes to ERR. */
 #define _GNU_SOURCE
@@ -271,6 +276,70 @@ static void type2(struct end *a, struct end *b, struct ibv_mr *src)
     ok("ibv_alloc_mw(3): EINVAL; a bind to an MR without MW_BIND: IBV_WC_MW_BIND_ERR");
 }
 
+/* IBV_WR_SEND_WITH_INV of `inv` from a into a receive WR of b (200 bytes). */
+static void send_inv(struct end *a, struct end *b, struct ibv_mr *src, struct ibv_mr *rmr,
+                     uint8_t *r, uint32_t inv)
+{
+    memset(r, 0, BUF);
+    post_recv_wr(b, 51, r, BUF, rmr);
+    post_send_wr(a, IBV_WR_SEND_WITH_INV, 52, src->addr, 200, src, 0, 0, inv, IBV_SEND_SIGNALED);
+}
+
+static void remote_inv(struct end *a, struct end *b, struct ibv_mr *src)
+{
+    uint8_t *t = alloc_buf(BUF, 0), *r = alloc_buf(BUF, 0);
+    struct ibv_mr *mr = ibv_reg_mr(b->pd, t, BUF, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    CHECK(mr, "ibv_reg_mr(MW_BIND): %s", strerror(errno));
+    struct ibv_mr *rmr = reg_mr(b, r, BUF);
+    struct ibv_mw *mw = ibv_alloc_mw(b->pd, IBV_MW_TYPE_2);
+    CHECK(mw, "ibv_alloc_mw(type 2): %s", strerror(errno));
+    uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    struct ibv_wc wc;
+    post_bind(b, mw, rkey, mr, t, BUF);
+    expect_wc(b, &wc, 31, IBV_WC_BIND_MW, "IBV_WR_BIND_MW");
+    write_expect(a, src, 64, (uintptr_t)t, rkey, IBV_WC_SUCCESS, "WRITE before SEND_WITH_INV");
+
+    send_inv(a, b, src, rmr, r, rkey);
+    expect_wc(a, &wc, 52, IBV_WC_SEND, "IBV_WR_SEND_WITH_INV");
+    expect_wc(b, &wc, 51, IBV_WC_RECV, "the receive of a SEND_WITH_INV");
+    CHECK(wc.byte_len == 200 && (wc.wc_flags & IBV_WC_WITH_INV) &&
+              !(wc.wc_flags & IBV_WC_WITH_IMM) && wc.invalidated_rkey == rkey,
+          "the receive of a SEND_WITH_INV: %s, wc_flags %#x, invalidated_rkey %#x (rkey %#x)",
+          wc_str(&wc), wc.wc_flags, wc.invalidated_rkey, rkey);
+    CHECK(memcmp(r, src->addr, 200) == 0 && all(r + 200, BUF - 200, 0),
+          "the receive of a SEND_WITH_INV: bytes");
+    write_expect(a, src, 8, (uintptr_t)t, rkey, IBV_WC_REM_ACCESS_ERR,
+                 "WRITE through a remotely invalidated window");
+    fresh(a, b);
+    /* The MR no longer has a window bound: ibv_rereg_mr is no longer refused (EBUSY). */
+    check_rc(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND),
+             "ibv_rereg_mr after the remote invalidation");
+    ok("IBV_WR_SEND_WITH_INV: bytes arrive, IBV_WC_WITH_INV with invalidated_rkey %#x, then "
+       "IBV_WC_REM_ACCESS_ERR through the window",
+       rkey);
+
+    rkey = ibv_inc_rkey(rkey);
+    post_bind(b, mw, rkey, mr, t, BUF);
+    expect_wc(b, &wc, 31, IBV_WC_BIND_MW, "IBV_WR_BIND_MW again");
+    send_inv(a, b, src, rmr, r, rmr->rkey);
+    poll_one(a, &wc, "SEND_WITH_INV of an MR's rkey");
+    CHECK(wc.wr_id == 52 && wc.status == IBV_WC_REM_OP_ERR, "the SEND: %s", wc_str(&wc));
+    poll_one(b, &wc, "receive WR of a refused SEND_WITH_INV");
+    CHECK(wc.wr_id == 51 && wc.status == IBV_WC_LOC_PROT_ERR, "the receive WR: %s", wc_str(&wc));
+    CHECK(all(r, BUF, 0), "the refused SEND_WITH_INV wrote bytes");
+    fresh(a, b);
+    write_expect(a, src, 8, (uintptr_t)t, rkey, IBV_WC_SUCCESS,
+                 "WRITE through the window after a refused SEND_WITH_INV");
+    ok("SEND_WITH_INV of an MR's rkey: IBV_WC_REM_OP_ERR and IBV_WC_LOC_PROT_ERR, nothing "
+       "written, the window still bound");
+    check_rc(ibv_dealloc_mw(mw), "ibv_dealloc_mw");
+    dereg_mr(rmr);
+    dereg_mr(mr);
+    free(r);
+    free(t);
+}
+
 int main(void)
 {
     test_start("mem_windows");
@@ -289,6 +358,7 @@ int main(void)
     rereg(&a, &b, src);
     type1(&a, &b, src);
     type2(&a, &b, src);
+    remote_inv(&a, &b, src);
     dereg_mr(src);
     free(s);
     pair_close(&a, &b);

@@ -15,6 +15,8 @@
  *   ibv_get_cq_event gives that CQ; ibv_poll_cq works on it too;
  * - a batch with a mistake (too many SGEs; an atomic on a QP not made for it) posts nothing
  *   and ibv_wr_complete returns the errno; ibv_wr_abort drops a batch;
+ * - ibv_wr_bind_mw of a type-2 window, then the peer's ibv_wr_send_inv of its rkey: the
+ *   receive shows IBV_WC_WITH_INV and ibv_wc_read_invalidated_rkey gives the rkey;
  * - a UD QP made with ibv_create_qp_ex: ibv_wr_send_imm with ibv_wr_set_ud_addr and inline
  *   data reaches the other side (IBV_WC_GRH, src_qp, imm_data). */
 #define _GNU_SOURCE
@@ -65,7 +67,8 @@ static void read_wc(struct ibv_cq_ex *cq, struct xwc *w)
     w->qp_num = ibv_wc_read_qp_num(cq);
     w->src_qp = ibv_wc_read_src_qp(cq);
     w->wc_flags = ibv_wc_read_wc_flags(cq);
-    w->imm = ibv_wc_read_imm_data(cq);
+    w->imm = w->wc_flags & IBV_WC_WITH_INV ? ibv_wc_read_invalidated_rkey(cq)
+                                           : ibv_wc_read_imm_data(cq);
     CHECK(ibv_wc_read_vendor_err(cq) == 0, "vendor_err %u", ibv_wc_read_vendor_err(cq));
 }
 
@@ -151,8 +154,9 @@ static void xend_open(struct xend *x, struct end *e, struct ibv_comp_channel *ch
     x->qp = new_qp_ex(e, x->cq, IBV_QPT_RC,
                       IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                           IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
-                          IBV_QP_EX_WITH_RDMA_READ);
-    CHECK(x->qp, "ibv_create_qp_ex(%s, RC, five send ops): %s", e->name, strerror(errno));
+                          IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_BIND_MW |
+                          IBV_QP_EX_WITH_SEND_WITH_INV);
+    CHECK(x->qp, "ibv_create_qp_ex(%s, RC, seven send ops): %s", e->name, strerror(errno));
     x->qpx = ibv_qp_to_qp_ex(x->qp);
     CHECK(x->qpx && (void *)x->qpx == (void *)x->qp, "ibv_qp_to_qp_ex(%s) gave %p for %p",
           e->name, (void *)x->qpx, (void *)x->qp);
@@ -417,6 +421,49 @@ static void ud(struct xend *a, struct xend *b)
     ok("UD over ibv_wr_*: SEND_WITH_IMM of inline data with ibv_wr_set_ud_addr");
 }
 
+static void send_inv(struct xend *a, struct xend *b)
+{
+    uint8_t *t = alloc_buf(4096, 0);
+    struct ibv_mr *mr =
+        ibv_reg_mr(b->e->pd, t, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    CHECK(mr, "ibv_reg_mr(MW_BIND): %s", strerror(errno));
+    struct ibv_mw *mw = ibv_alloc_mw(b->e->pd, IBV_MW_TYPE_2);
+    CHECK(mw, "ibv_alloc_mw(type 2): %s", strerror(errno));
+    uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    struct ibv_mw_bind_info info = {.mr = mr, .addr = (uintptr_t)t, .length = 4096,
+                                    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE};
+    struct xwc w;
+    ibv_wr_start(b->qpx);
+    b->qpx->wr_id = 0xB8;
+    b->qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_bind_mw(b->qpx, mw, rkey, &info);
+    check_rc(ibv_wr_complete(b->qpx), "ibv_wr_complete(bind_mw)");
+    poll_ex(b->cq, &w, 1, "ibv_wr_bind_mw");
+    expect_xwc(&w, 0xB8, IBV_WC_BIND_MW, ANY, b->qp->qp_num, "ibv_wr_bind_mw");
+
+    post_recv(b, 0xB9, S_DST, 64);
+    ibv_wr_start(a->qpx);
+    a->qpx->wr_id = 0xA9;
+    a->qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_send_inv(a->qpx, rkey);
+    ibv_wr_set_inline_data(a->qpx, "invalidate", 10);
+    check_rc(ibv_wr_complete(a->qpx), "ibv_wr_complete(send_inv)");
+    poll_ex(a->cq, &w, 1, "ibv_wr_send_inv (sender)");
+    expect_xwc(&w, 0xA9, IBV_WC_SEND, ANY, a->qp->qp_num, "ibv_wr_send_inv (sender)");
+    poll_ex(b->cq, &w, 1, "ibv_wr_send_inv (receiver)");
+    expect_xwc(&w, 0xB9, IBV_WC_RECV, 10, b->qp->qp_num, "ibv_wr_send_inv (receiver)");
+    CHECK((w.wc_flags & IBV_WC_WITH_INV) && !(w.wc_flags & IBV_WC_WITH_IMM) && w.imm == rkey,
+          "ibv_wr_send_inv: wc_flags %#x, invalidated rkey %#x (expected %#x)", w.wc_flags,
+          w.imm, rkey);
+    CHECK(memcmp(b->buf + S_DST, "invalidate", 10) == 0, "ibv_wr_send_inv: bytes");
+    check_rc(ibv_dealloc_mw(mw), "ibv_dealloc_mw");
+    dereg_mr(mr);
+    free(t);
+    ok("ibv_wr_bind_mw, then the peer's ibv_wr_send_inv: IBV_WC_WITH_INV, "
+       "ibv_wc_read_invalidated_rkey %#x",
+       rkey);
+}
+
 static void xend_close(struct xend *x)
 {
     check_rc(ibv_destroy_qp(x->qp), "ibv_destroy_qp(extended)");
@@ -439,6 +486,7 @@ int main(void)
     pair_connect(&ea, a.qp, &eb, b.qp);
     one_batch(&a, &b);
     events(&a, &b);
+    send_inv(&a, &b);
     mistakes(&a, &b);
     ud(&a, &b);
     xend_close(&a);

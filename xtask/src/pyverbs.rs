@@ -50,15 +50,9 @@ pub const MODULES: &[&str] = &[
 ];
 
 /// Tests that fail or error for a reason outside this library, and what would fix it.
-/// (test_qp_ex_rc_rdma_read_zero_size was here until the engine took zero-length READs.)
-const KNOWN: &[(&str, &str)] = &[(
-    "test_mw_type2_invalidate_remote",
-    "IBV_WR_SEND_WITH_INV is refused (EOPNOTSUPP): the card's *_INV opcodes skip every MR \
-     check and write through an undefined MR entry (nic-behaviour.md 2.3), so the \
-     invalidation would have to travel beside the SEND, over the out-of-band channel, \
-     after every earlier request is acknowledged, and mark the receive completion \
-     IBV_WC_WITH_INV; not built",
-)];
+/// (test_qp_ex_rc_rdma_read_zero_size was here until the engine took zero-length READs,
+/// test_mw_type2_invalidate_remote until SEND_WITH_INV was built.)
+const KNOWN: &[(&str, &str)] = &[];
 
 /// Where the shipped tests are.
 const SHIPPED: &str = "/usr/share/doc/rdma-core/tests";

@@ -86,6 +86,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// Checks a peer's request as the card (and, for a READ, this driver) would.
     fn answer_check(&mut self, from: Ipv4Addr, c: AccessCheck) {
+        if c.op == CheckOp::SendInv {
+            return self.queue_remote_inv(from, c);
+        }
         let Some(i) = self.peer_qp(from, c.qpn) else {
             core_warn!(
                 "{} asks about a request of its QP {:#x}, which no connected QP here has as peer",
@@ -99,7 +102,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
             CheckOp::Write => (QpAccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_WRITE),
             CheckOp::Read => (QpAccessFlags::REMOTE_READ, AccessFlags::REMOTE_READ),
             // The card checks REMOTE_WRITE on the QP for SENDs too (the driver grants it).
-            CheckOp::Send => (QpAccessFlags::REMOTE_WRITE, AccessFlags::LOCAL_WRITE),
+            CheckOp::Send | CheckOp::SendInv => {
+                (QpAccessFlags::REMOTE_WRITE, AccessFlags::LOCAL_WRITE)
+            }
         };
         let ok = a.access.contains(qp_access)
             && self.mr_covers(
@@ -147,6 +152,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The peer's verdict on our oldest request.
     fn on_verdict(&mut self, from: Ipv4Addr, v: AccessVerdict) {
+        if self.on_inv_verdict(from, &v) {
+            return;
+        }
         let status = match v.verdict {
             CheckVerdict::Accepted => return,
             CheckVerdict::AccessError => WcStatus::RemAccessErr,

@@ -249,6 +249,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// card took everything counts (or [`super::requester::QUEUED_WAITS_MAX`] such
     /// expiries in a row: a card that stopped fetching).
     pub(crate) fn on_timeout(&mut self, i: QpIndex, now: Instant) {
+        if self.on_inv_timeout(i) {
+            return;
+        }
         if self.sq(i).sent() == 0 || !self.qp(i).attrs.connected() {
             // Nothing to wait for (a timer left armed), or a QP that sends nothing again.
             self.timers(i).set(Timer::Retransmit, None);

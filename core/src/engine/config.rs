@@ -150,6 +150,8 @@ pub struct EngineStats {
     pub access_checks: u64,
     /// Verdicts that refused one of our requests (it completed with the error).
     pub access_refused: u64,
+    /// Remote invalidations asked of the peer for our SEND_WITH_INVs (`remote_inv.rs`).
+    pub remote_invalidations: u64,
     /// Simple-NIC frames received.
     pub raw_frames: u64,
     /// Received simple-NIC frames dropped because no consumer asked for them

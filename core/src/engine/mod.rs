@@ -48,6 +48,7 @@ mod ranges;
 mod raw;
 mod recv;
 mod recv_pool;
+mod remote_inv;
 mod report;
 mod requester;
 mod responder;
@@ -77,7 +78,9 @@ pub use responder::{FIRSTS_TRACKED, LOST_TRACKED, MSG_QUEUE, RX_WORDS};
 pub use retire::TxBacklog;
 pub use storage::{EarlyRecv, QpTimers, Slices, Storage};
 pub use wqe::{Wqe, WqeState};
-pub use wr::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM};
+pub use wr::{
+    RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM, WC_WITH_INV,
+};
 
 use config::{OPEN_BUFFERS as BUFFERS, PGT_STAGING_SLOTS, RAW_SLOTS};
 use events::Events;
@@ -86,6 +89,7 @@ use pd::PdTable;
 use ranges::Carver;
 use raw::TxSlots;
 use recv_pool::RecvPool;
+use remote_inv::REMOTE_INVS;
 use storage::Timer;
 
 /// The device.
@@ -132,6 +136,9 @@ pub struct Device<P: Platform, S: Storage> {
     oob: Option<P::Oob>,
     /// How many entries of `Slices::early` are in use (a prefix, in arrival order).
     early_len: usize,
+    /// Remote invalidations peers asked for, carried out by
+    /// [`Device::run_remote_invalidations`] (`remote_inv`).
+    remote_invs: heapless::Deque<(core::net::Ipv4Addr, crate::oob::AccessCheck), REMOTE_INVS>,
     /// One past the highest QP slot ever used: loops over QPs stop there.
     qp_high: usize,
     /// The latest time the engine was given (commands submitted from within a poll step
@@ -242,6 +249,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             stats: EngineStats::default(),
             oob: None,
             early_len: 0,
+            remote_invs: heapless::Deque::new(),
             qp_high: 0,
             now: clock(),
         };

@@ -179,6 +179,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
             .any(|w| w.window && w.state == MrState::Valid && w.parent == Some(key))
     }
 
+    /// Whether a window is bound under exactly `key` on PD `pd` (what a peer's
+    /// SEND_WITH_INV may invalidate).
+    pub(crate) fn window_bound_in(&mut self, key: MrKey, pd: u32) -> bool {
+        let s = self.storage.slices();
+        s.mrs
+            .get(key.index() as usize)
+            .is_some_and(|w| w.window && w.state == MrState::Valid && w.key == key && w.pd == pd)
+    }
+
     /// Allocates a memory window on PD `pd`: an MR-table slot and its key, bound to nothing
     /// (the card has no entry for it).
     pub fn alloc_mw(&mut self, pd: u32) -> Result<MrKey, VerbsError> {

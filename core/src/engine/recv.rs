@@ -32,6 +32,9 @@ pub(crate) struct RecvQueue {
     oob_lost: bool,
     /// RNR retries left (7 = forever).
     rnr_left: u8,
+    /// The window a peer's SEND_WITH_INV invalidated, and the PSN that SEND starts at: its
+    /// receive completion carries IBV_WC_WITH_INV and this rkey (`remote_inv`).
+    pub(super) invalidated: Option<(crate::transport::Psn, u32)>,
 }
 
 impl Default for RecvQueue {
@@ -48,6 +51,7 @@ impl RecvQueue {
             lists: RecvLists::with_cap(cap),
             oob_lost: false,
             rnr_left: 7,
+            invalidated: None,
         }
     }
 

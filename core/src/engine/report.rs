@@ -18,7 +18,7 @@ use super::qp::QpIndex;
 use super::requester::{Batch, Path};
 use super::responder::{MsgEnd, MsgKind, ReadRequest};
 use super::wqe::{ReadResponse, Wqe};
-use super::wr::{WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM};
+use super::wr::{WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM, WC_WITH_INV};
 use super::{Device, Platform, Storage};
 
 impl<P: Platform, S: Storage> Device<P, S> {
@@ -242,15 +242,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return;
         };
         let with_imm = m.kind != MsgKind::Send;
+        let (imm_data, wc_flags) = match self.take_invalidated(i, m) {
+            Some(rkey) => (rkey, WC_WITH_INV),
+            None if with_imm => (m.imm, WC_WITH_IMM),
+            None => (0, 0),
+        };
         let wc = WorkCompletion {
             wr_id: r.wr_id,
             status: WcStatus::Success,
             opcode,
             byte_len: m.len,
-            imm_data: if with_imm { m.imm } else { 0 },
+            imm_data,
             qp_num: qpn.get(),
             src_qp: peer.get(),
-            wc_flags: if with_imm { WC_WITH_IMM } else { 0 },
+            wc_flags,
             sq_slots: 0,
         };
         self.complete(cq, wc);

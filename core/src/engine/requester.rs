@@ -323,11 +323,24 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.check_atomic(pd, wr)?;
             return Ok(Wqe::request(wr, false));
         }
-        let is_send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_));
+        let is_send = matches!(
+            wr.op,
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_)
+        );
         if is_send && self.oob.is_none() {
             return Err(VerbsError::Unsupported {
                 what: "SEND on a platform without an out-of-band channel",
             });
+        }
+        // A peer that is known not to invalidate is refused now; one not known yet is
+        // asked when the SEND is due (`remote_inv`).
+        if let SendOp::SendWithInv(_) = wr.op {
+            let peer = self.qp(i).attrs.peer_ip;
+            if self.peer_invalidates(peer) == Some(false) {
+                return Err(VerbsError::Unsupported {
+                    what: "SEND_WITH_INV to a peer whose driver does not take remote invalidations",
+                });
+            }
         }
         let is_read = wr.op == SendOp::Read;
         if wr.len > 0 {
@@ -442,6 +455,9 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if w.is_atomic() {
             return self.send_atomic_wqe(i, k, w, timeout);
         }
+        if first && !self.invalidate_ready(i, k, &w, next_psn) {
+            return false;
+        }
         if first && w.needs_recv() && !self.match_remote_recv(i, &mut w, now) {
             return false;
         }
@@ -498,7 +514,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     }
 
     /// Writes back the k-th WQE of QP `i`'s send queue.
-    fn put_wqe(&mut self, i: QpIndex, k: u32, w: Wqe) {
+    pub(super) fn put_wqe(&mut self, i: QpIndex, k: u32, w: Wqe) {
         if let Some(slot) = self.sq(i).get_mut(k) {
             *slot = w;
         }

@@ -19,6 +19,8 @@ use super::card_reset::{still_fresh, trusted_bits, RESET_PHANTOMS};
 pub(crate) struct MsgEnd {
     /// PSN of the last packet.
     pub psn: Psn,
+    /// PSN of the first packet (known at delivery for a message of several packets).
+    pub first: Psn,
     /// What arrived.
     pub kind: MsgKind,
     /// Immediate data.
@@ -219,6 +221,7 @@ impl Responder {
             self,
             MsgEnd {
                 psn,
+                first: psn,
                 kind: MsgKind::ReadReq,
                 imm: 0,
                 len,
@@ -406,6 +409,7 @@ fn note_packet(q: &mut Responder, p: &PacketInfo) -> Option<MsgEnd> {
     };
     Some(MsgEnd {
         psn,
+        first: psn,
         kind,
         imm: p.imm_data,
         len: if op.is_only() { p.total_len } else { 0 },
@@ -554,6 +558,7 @@ fn next_ready(q: &mut Responder, limit: Psn) -> Option<MsgEnd> {
         _ => return None,
     };
     let start = q.next_msg;
+    m.first = start;
     if !m.only {
         if let Some(f) = q.firsts.iter().find(|f| f.0 == start) {
             m.len = f.1;

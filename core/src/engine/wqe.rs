@@ -65,6 +65,28 @@ pub(crate) struct Request {
     /// Consumes the peer's next announced receive WR, not matched yet (SEND, and
     /// WRITE_WITH_IMM when the peer announces its receive WRs).
     pub(crate) needs_recv: bool,
+    /// A SEND_WITH_INV: the rkey the responder invalidates, and how far that went.
+    pub(crate) invalidate: Option<Invalidate>,
+}
+
+/// The remote invalidation of a SEND_WITH_INV (`engine::remote_inv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Invalidate {
+    /// The responder's rkey to invalidate.
+    pub(crate) rkey: u32,
+    /// Where the request stands.
+    pub(crate) step: InvStep,
+}
+
+/// Where a SEND_WITH_INV's invalidation stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InvStep {
+    /// The responder was not asked yet (the SEND waits to be the oldest request).
+    Unasked,
+    /// Asked, for the SEND that starts at this PSN; the SEND waits for the verdict.
+    Asked(Psn),
+    /// The responder invalidated the window: the SEND goes.
+    Done,
 }
 
 /// A READ response the engine sends for a peer's READ request: no completion.
@@ -113,7 +135,7 @@ impl Wqe {
             SendOp::WriteWithImm(imm) => RequestOp::WriteImm(imm),
             SendOp::Read if wr.len == 0 => RequestOp::EmptyRead,
             SendOp::Read => RequestOp::Read { done: false },
-            SendOp::Send => RequestOp::Send(None),
+            SendOp::Send | SendOp::SendWithInv(_) => RequestOp::Send(None),
             SendOp::SendWithImm(imm) => RequestOp::Send(Some(imm)),
             SendOp::Atomic(op) => RequestOp::Atomic(AtomicWqe::new(op)),
         };
@@ -129,6 +151,13 @@ impl Wqe {
                 signaled: wr.signaled,
                 solicited: wr.solicited,
                 needs_recv,
+                invalidate: match wr.op {
+                    SendOp::SendWithInv(rkey) => Some(Invalidate {
+                        rkey,
+                        step: InvStep::Unasked,
+                    }),
+                    _ => None,
+                },
             }),
             ..Wqe::default()
         }

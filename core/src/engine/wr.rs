@@ -20,6 +20,9 @@ pub enum WcStatus {
     RemAccessErr = 10,
     /// The responder could not execute an atomic on its memory.
     RemOpErr = 11,
+    /// The local QP could not carry out the request (a SEND_WITH_INV to a peer whose driver
+    /// does not take remote invalidations).
+    LocQpOpErr = 2,
     /// A local key or address was invalid.
     LocProtErr = 4,
     /// The QP went to the error state before this request completed.
@@ -58,6 +61,9 @@ pub enum WcOpcode {
 
 /// `wc_flags`: IBV_WC_WITH_IMM.
 pub const WC_WITH_IMM: u32 = 2;
+/// `wc_flags`: IBV_WC_WITH_INV (a SEND_WITH_INV arrived: `imm_data` is the invalidated
+/// rkey).
+pub const WC_WITH_INV: u32 = 8;
 
 /// A work completion, as `poll_cq` returns it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +76,8 @@ pub struct WorkCompletion {
     pub opcode: WcOpcode,
     /// Bytes transferred (receives, READs, 8 for an atomic).
     pub byte_len: u32,
-    /// Immediate data (with [`WC_WITH_IMM`]).
+    /// Immediate data (with [`WC_WITH_IMM`]), or the invalidated rkey (with
+    /// [`WC_WITH_INV`]), as in `ibv_wc`'s union.
     pub imm_data: u32,
     /// The local QP.
     pub qp_num: u32,
@@ -113,6 +120,10 @@ pub enum SendOp {
     Send,
     /// SEND with immediate data (issue D).
     SendWithImm(u32),
+    /// SEND that invalidates the peer's memory window of this rkey before its receive
+    /// completes (IBV_WR_SEND_WITH_INV). The card's *_INV opcodes skip its MR checks, so
+    /// the invalidation travels over the out-of-band channel (`engine::remote_inv`).
+    SendWithInv(u32),
     /// An atomic on the 8 bytes at the remote address (8-byte aligned); the original value
     /// is written to the local buffer, whose length must be 8 and whose MR needs
     /// LOCAL_WRITE. Executed by the responder's driver (`engine::atomic`).

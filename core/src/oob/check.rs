@@ -22,9 +22,19 @@
 //! | 24..28 | the requester's own QPN (24 bits) |
 //! | 28..32 | kind 5 |
 //!
-//! The operation ([`CheckOp`]: 0 WRITE, 1 READ, 2 SEND) is byte 0. For a SEND the address,
-//! length and key are those of the receive WR it was matched with (the responder's oldest
-//! posted one).
+//! The operation ([`CheckOp`]: 0 WRITE, 1 READ, 2 SEND, 3 SEND_WITH_INV) is byte 0. For a
+//! SEND the address, length and key are those of the receive WR it was matched with (the
+//! responder's oldest posted one).
+//!
+//! **Remote invalidation** (op 3, sent only to a peer whose hello announces
+//! [`Capabilities::REMOTE_INVALIDATE`](super::Capabilities::REMOTE_INVALIDATE)): not a
+//! question about a dropped packet but the invalidation of a SEND_WITH_INV, asked before
+//! the SEND goes to the card, once every request before it is acknowledged. The PSN is
+//! the one the SEND will start at, the key the rkey to invalidate, address and length
+//! zero. The responder invalidates the memory window of that rkey (a type-2 window bound
+//! in its QP's PD; anything else is refused) and answers with a verdict: accepted (the
+//! SEND goes; its receive completion carries IBV_WC_WITH_INV) or an operation error (the
+//! SEND completes with REM_OP_ERR, the receive WR with LOC_PROT_ERR).
 //!
 //! **Access verdict** (kind 6):
 //!
@@ -51,6 +61,8 @@ pub enum CheckOp {
     Read = 1,
     /// SEND into the responder's receive WR: LOCAL_WRITE on its MR, in the QP's PD.
     Send = 2,
+    /// The invalidation of a SEND_WITH_INV (see the module docs).
+    SendInv = 3,
 }
 
 /// What the responder says about a checked request.
@@ -157,6 +169,7 @@ impl AccessCheck {
             0 => CheckOp::Write,
             1 => CheckOp::Read,
             2 => CheckOp::Send,
+            3 => CheckOp::SendInv,
             other => {
                 return Err(OobError::ReservedNotZero {
                     message,
@@ -252,8 +265,16 @@ mod tests {
 
     #[test]
     fn garbage_in_checks_and_verdicts_is_named() {
+        let inv = AccessCheck {
+            op: CheckOp::SendInv,
+            rkey: 0x1234_5678,
+            ..AccessCheck::default()
+        };
+        let b = inv.to_bytes().unwrap();
+        assert_eq!(b[0], 3);
+        assert_eq!(AccessCheck::parse(&b), Ok((inv, &[][..])));
         let mut b = AccessCheck::default().to_bytes().unwrap();
-        b[0] = 3;
+        b[0] = 4;
         assert!(matches!(
             AccessCheck::parse(&b),
             Err(OobError::ReservedNotZero { offset: 0, .. })

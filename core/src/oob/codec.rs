@@ -239,7 +239,11 @@ bitflags! {
         /// The sender answers access checks (kind 5) with verdicts (kind 6). A peer
         /// without this bit is never sent a check (the transport withholds it).
         const ACCESS_CHECKS = 1 << 3;
-        // Bits 4..31 are reserved for later capabilities; a peer that does not know a bit
+        /// The sender carries out remote invalidations (access checks of op 3, `check.rs`)
+        /// for the SEND_WITH_INVs of its peers. A peer without this bit is never sent one:
+        /// a SEND_WITH_INV to it is refused at post.
+        const REMOTE_INVALIDATE = 1 << 4;
+        // Bits 5..31 are reserved for later capabilities; a peer that does not know a bit
         // ignores it.
     }
 }
@@ -249,7 +253,8 @@ impl Capabilities {
     pub const OURS: Capabilities = Capabilities::RECV_WR_RECORDS
         .union(Capabilities::LENGTH_ERRORS)
         .union(Capabilities::ATOMICS)
-        .union(Capabilities::ACCESS_CHECKS);
+        .union(Capabilities::ACCESS_CHECKS)
+        .union(Capabilities::REMOTE_INVALIDATE);
 }
 
 /// The first message on a connection.

@@ -277,7 +277,7 @@ pub struct IbvWc {
     pub opcode: u32,
     pub vendor_err: u32,
     pub byte_len: u32,
-    /// Network byte order.
+    /// Network byte order (or, with IBV_WC_WITH_INV, the invalidated rkey in host order).
     pub imm_data: u32,
     pub qp_num: u32,
     pub src_qp: u32,
@@ -655,6 +655,9 @@ pub const IBV_WR_SEND_WITH_IMM: u32 = 3;
 pub const IBV_WR_RDMA_READ: u32 = 4;
 pub const IBV_WR_ATOMIC_CMP_AND_SWP: u32 = 5;
 pub const IBV_WR_ATOMIC_FETCH_AND_ADD: u32 = 6;
+/// A SEND that invalidates the responder's window of `invalidate_rkey` (host order, in
+/// `imm_data`'s place).
+pub const IBV_WR_SEND_WITH_INV: u32 = 9;
 
 /// `enum ibv_atomic_cap`: atomic among the users of this device (and not against the CPU).
 pub const IBV_ATOMIC_HCA: u32 = 1;

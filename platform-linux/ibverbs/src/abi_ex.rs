@@ -288,6 +288,7 @@ pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
 pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
 pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
+pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
 
 // `enum ibv_create_cq_wc_flags`: the standard fields (byte_len, imm, qp_num, src_qp, slid,
 // sl, dlid_path_bits) are bits 0..=6; 7 and up are timestamps, cvlan, flow tag, tag

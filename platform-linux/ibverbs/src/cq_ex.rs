@@ -211,7 +211,8 @@ unsafe extern "C" fn read_byte_len(cq: *mut IbvCq) -> u32 {
     unsafe { read(cq, |w| w.byte_len) }
 }
 
-/// Network byte order, as `ibv_wc.imm_data`.
+/// Network byte order, as `ibv_wc.imm_data`; with IBV_WC_WITH_INV the invalidated rkey in
+/// host order (`ibv_wc_read_invalidated_rkey` reads it through this entry).
 unsafe extern "C" fn read_imm_data(cq: *mut IbvCq) -> u32 {
     // SAFETY: as read_opcode.
     unsafe { read(cq, |w| w.imm_data) }

@@ -300,17 +300,34 @@ fn same_pd(a: *mut IbvPd, b: *mut IbvPd) -> bool {
     std::sync::Arc::ptr_eq(&a.engine, &b.engine) && a.pd.handle() == b.pd.handle()
 }
 
-/// IBV_WR_LOCAL_INV of `key` on `q`'s device: the window bound under it is invalidated.
-fn invalidate(q: &Qp, key: MrKey) -> Result<(), c_int> {
+/// The live window of context `ctx` under `key`.
+fn window_of(ctx: usize, key: MrKey) -> Option<usize> {
     // Found under the object table's lock (no window is freed meanwhile), reading only
     // the windows' atomic keys (a bind holds its window's lock, then takes the table's).
-    let found = live::lock().iter().find_map(|(p, e)| {
-        let mine = e.kind == Kind::Mw && e.ctx == q.ibv.context as usize;
+    live::lock().iter().find_map(|(p, e)| {
+        let mine = e.kind == Kind::Mw && e.ctx == ctx;
         // SAFETY: a live window (the table is locked).
         (mine && unsafe { &*(p as *const Mw) }.key.load(Ordering::Acquire) == key.get())
             .then_some(p)
-    });
-    let Some(p) = found else {
+    })
+}
+
+/// A receive of context `ctx` completed with IBV_WC_WITH_INV: the peer's SEND_WITH_INV
+/// invalidated the window of `key` (the engine did, `remote_inv`), so its MR forgets it
+/// (ibv_dereg_mr no longer refuses) as after IBV_WR_LOCAL_INV.
+pub(crate) fn remotely_invalidated(ctx: usize, key: MrKey) {
+    let Some(p) = window_of(ctx, key) else {
+        return;
+    };
+    // SAFETY: found live just now; the application does not deallocate a window while it
+    // polls the completion that invalidated it (the verbs contract).
+    let w = unsafe { &*(p as *const Mw) };
+    w.mw.lock().unwrap_or_else(|e| e.into_inner()).unbound();
+}
+
+/// IBV_WR_LOCAL_INV of `key` on `q`'s device: the window bound under it is invalidated.
+fn invalidate(q: &Qp, key: MrKey) -> Result<(), c_int> {
+    let Some(p) = window_of(q.ibv.context as usize, key) else {
         log::error!(
             "local invalidation of {:#x}: no window of this context has it",
             key.get()

@@ -4,7 +4,7 @@
 
 use core::ffi::c_int;
 
-use bluerdma_core::engine::{WcOpcode, WorkCompletion};
+use bluerdma_core::engine::{WcOpcode, WorkCompletion, WC_WITH_INV};
 
 use crate::abi::*;
 use crate::cq::Cq;
@@ -19,7 +19,13 @@ pub(crate) fn wc_of(w: &WorkCompletion) -> IbvWc {
         opcode: w.opcode as u32,
         vendor_err: 0,
         byte_len: w.byte_len,
-        imm_data: w.imm_data.to_be(),
+        // The union of `ibv_wc`: immediate data in network order, an invalidated rkey
+        // (IBV_WC_WITH_INV) in host order.
+        imm_data: if w.wc_flags & WC_WITH_INV != 0 {
+            w.imm_data
+        } else {
+            w.imm_data.to_be()
+        },
         qp_num: w.qp_num,
         src_qp: w.src_qp,
         wc_flags: w.wc_flags,
@@ -74,6 +80,12 @@ pub(crate) fn poll_some(c: &Cq, buf: &mut [WorkCompletion]) -> Result<usize, c_i
     let k = c.cq.poll(buf).map_err(fail)?;
     c.scatter.completed(&mut buf[..k]);
     c.srq_members.completed(&buf[..k]);
+    for w in &buf[..k] {
+        if w.wc_flags & WC_WITH_INV != 0 {
+            let key = bluerdma_core::keys::MrKey::from_raw(w.imm_data);
+            crate::mw::remotely_invalidated(c.ibv.context as usize, key);
+        }
+    }
     Ok(k)
 }
 

@@ -30,7 +30,9 @@ pub(crate) fn device_attr(d: &Device) -> IbvDeviceAttr {
         max_qp: cap.qps as c_int,
         max_qp_wr: caps::MAX_QP_WR as c_int,
         // IBV_DEVICE_RC_RNR_NAK_GEN, IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B
-        // (type 2 windows bound to a QP of their PD: `mw.rs`).
+        // (type 2 windows bound to a QP of their PD: `mw.rs`; IBV_WR_LOCAL_INV and
+        // IBV_WR_SEND_WITH_INV invalidate them). Not IBV_DEVICE_MEM_MGT_EXTENSIONS: that
+        // also promises fast registration, which this device has not.
         device_cap_flags: (1 << 12) | (1 << 17) | (1 << 24),
         // Several SGEs both ways: split or gathered by the library on send, bounced on
         // receive (one for receives from an SRQ: max_srq_sge).

@@ -34,7 +34,8 @@ const RC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_LOCAL_INV
-    | IBV_QP_EX_WITH_BIND_MW;
+    | IBV_QP_EX_WITH_BIND_MW
+    | IBV_QP_EX_WITH_SEND_WITH_INV;
 const UD_OPS: u64 = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
 /// UC QPs (`uc.rs`): no READ, no atomics.
 const UC_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
@@ -53,7 +54,7 @@ const OP_NAMES: &[(u64, &str)] = &[
     (IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD, "ATOMIC_FETCH_AND_ADD"),
     (IBV_QP_EX_WITH_LOCAL_INV, "LOCAL_INV"),
     (IBV_QP_EX_WITH_BIND_MW, "BIND_MW"),
-    (1 << 9, "SEND_WITH_INV"),
+    (IBV_QP_EX_WITH_SEND_WITH_INV, "SEND_WITH_INV"),
     (1 << 10, "TSO"),
     (1 << 12, "ATOMIC_WRITE"),
 ];
@@ -435,9 +436,16 @@ unsafe extern "C" fn wr_local_inv(qp: *mut IbvQp, rkey: u32) {
     unsafe { begin(qp, verb, IBV_WR_LOCAL_INV, |w| w.imm_data = rkey) }
 }
 
-unsafe extern "C" fn wr_send_inv(qp: *mut IbvQp, _rkey: u32) {
+unsafe extern "C" fn wr_send_inv(qp: *mut IbvQp, rkey: u32) {
+    let verb = "ibv_wr_send_inv";
     // SAFETY: as wr_start.
-    unsafe { lacks(qp, "ibv_wr_send_inv") }
+    if unsafe { QpExt::of(qp) }.send_ops.unwrap_or(0) & IBV_QP_EX_WITH_SEND_WITH_INV == 0 {
+        // SAFETY: as wr_start.
+        return unsafe { lacks(qp, verb) };
+    }
+    // `invalidate_rkey` shares `imm_data`'s place, in host order.
+    // SAFETY: as wr_start.
+    unsafe { begin(qp, verb, IBV_WR_SEND_WITH_INV, |w| w.imm_data = rkey) }
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut IbvQp, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {

@@ -48,7 +48,7 @@ unsafe fn expand(
     // Everything that can refuse the request comes before a buffer is taken.
     if crate::uc::is_uc(&q.ibv) && crate::uc::refuses(wr.opcode) {
         log::error!(
-            "post_send: a UC QP has no RDMA READ or atomics (opcode {})",
+            "post_send: a UC QP has no RDMA READ, atomics or SEND_WITH_INV (opcode {})",
             wr.opcode
         );
         return Err(libc::EINVAL);
@@ -59,6 +59,8 @@ unsafe fn expand(
         IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm(imm),
         IBV_WR_SEND => SendOp::Send,
         IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm(imm),
+        // `invalidate_rkey` shares `imm_data`'s place, in host order.
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv(wr.imm_data),
         IBV_WR_RDMA_READ => SendOp::Read,
         IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::Atomic(AtomicOp::CompareSwap {
             compare: wr.wr[1],
@@ -87,7 +89,10 @@ unsafe fn expand(
     // `wr.rdma` means nothing for a SEND (applications leave whatever is there; UCX's
     // am_bcopy did, and the engine refused a "remote range" that wrapped): the receive WR
     // announced by the peer gives the address and key.
-    let is_send = matches!(op, SendOp::Send | SendOp::SendWithImm(_));
+    let is_send = matches!(
+        op,
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_)
+    );
     let (raddr, rkey) = if is_send {
         (0, 0)
     } else if is_atomic {

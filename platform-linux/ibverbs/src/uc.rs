@@ -70,6 +70,11 @@ pub(crate) fn as_rc(
 pub(crate) fn refuses(opcode: u32) -> bool {
     matches!(
         opcode,
-        IBV_WR_RDMA_READ | IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD
+        IBV_WR_RDMA_READ
+            | IBV_WR_ATOMIC_CMP_AND_SWP
+            | IBV_WR_ATOMIC_FETCH_AND_ADD
+            // Its invalidation waits for the ACKs of the requests before it (`remote_inv`),
+            // which UC has not.
+            | IBV_WR_SEND_WITH_INV
     )
 }

@@ -203,6 +203,10 @@ impl<T: OobTransport> OobTransport for MappedOob<T> {
         self.inner.send_check(to, msg).map_err(|e| self.error(e))
     }
 
+    fn peer_capabilities(&self, peer: Ipv4Addr) -> Option<bluerdma_core::oob::Capabilities> {
+        self.inner.peer_capabilities(self.out(peer))
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         Some(match self.inner.poll()? {
             OobEvent::RecvWr { from, wr } => OobEvent::RecvWr {

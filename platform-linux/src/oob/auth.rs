@@ -83,9 +83,15 @@ mod tests {
     use bluerdma_core::oob::Hello;
     use std::net::Ipv4Addr;
 
+    /// Two hellos with the capabilities the pinned proof was computed with (bits 0..3),
+    /// whatever this driver announces now.
     fn hellos(nonce_d: u8, nonce_l: u8) -> Hellos {
-        let d = Hello::new(Ipv4Addr::new(10, 0, 0, 1)).with_nonce([nonce_d; NONCE_LEN]);
-        let l = Hello::new(Ipv4Addr::new(10, 0, 0, 2)).with_nonce([nonce_l; NONCE_LEN]);
+        let hello = |ip, nonce| Hello {
+            capabilities: bluerdma_core::oob::Capabilities::from_bits_retain(0x0f),
+            ..Hello::new(ip).with_nonce([nonce; NONCE_LEN])
+        };
+        let d = hello(Ipv4Addr::new(10, 0, 0, 1), nonce_d);
+        let l = hello(Ipv4Addr::new(10, 0, 0, 2), nonce_l);
         [d.to_bytes(), l.to_bytes()]
     }
 

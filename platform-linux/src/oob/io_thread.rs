@@ -178,7 +178,7 @@ impl IoLoop {
             .events_len
             .store(q.events.len(), Ordering::SeqCst);
         if links_changed {
-            q.connected = self.machine.connected_peers().collect();
+            q.connected = self.machine.connected_caps().collect();
         }
         drop(q);
         if arrived {

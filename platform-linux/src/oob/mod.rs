@@ -118,7 +118,7 @@ mod queues;
 mod stats;
 mod waker;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -127,7 +127,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use bluerdma_core::oob::{AtomicMessage, CheckMessage, Record, RecvTooShort, RecvWr};
+use bluerdma_core::oob::{AtomicMessage, Capabilities, CheckMessage, Record, RecvTooShort, RecvWr};
 use bluerdma_core::platform::{OobEvent, OobTransport, PlatformError};
 
 use auth::Auth;
@@ -316,7 +316,7 @@ impl TcpOob {
             queues: Mutex::new(Queues {
                 outbox: Outbox::new(config.max_queued_per_peer),
                 events: VecDeque::new(),
-                connected: BTreeSet::new(),
+                connected: BTreeMap::new(),
             }),
             events_len: AtomicUsize::new(0),
             reading_paused: AtomicBool::new(false),
@@ -360,7 +360,7 @@ impl TcpOob {
 
     /// The peers with an open connection now, in address order.
     pub fn connected_peers(&self) -> Vec<Ipv4Addr> {
-        self.shared.lock().connected.iter().copied().collect()
+        self.shared.lock().connected.keys().copied().collect()
     }
 
     /// Appends `record` to `peer`'s send queue and wakes the I/O thread (or, for the
@@ -460,6 +460,15 @@ impl OobTransport for TcpOob {
         )
     }
 
+    /// The capabilities of `peer`'s hello while a connection to it is open (this driver's
+    /// own for the device's own IP).
+    fn peer_capabilities(&self, peer: Ipv4Addr) -> Option<Capabilities> {
+        if peer == self.shared.device_ip {
+            return Some(Capabilities::OURS);
+        }
+        self.shared.lock().connected.get(&peer).copied()
+    }
+
     fn poll(&mut self) -> Option<OobEvent> {
         let shared = &*self.shared;
         if shared.events_len.load(Ordering::SeqCst) == 0 {
@@ -508,8 +517,8 @@ struct Queues {
     outbox: Outbox,
     /// Events for `poll`.
     events: VecDeque<OobEvent>,
-    /// Peers with an open connection.
-    connected: BTreeSet<Ipv4Addr>,
+    /// Peers with an open connection, and the capabilities of their hellos.
+    connected: BTreeMap<Ipv4Addr, Capabilities>,
 }
 
 impl Shared {

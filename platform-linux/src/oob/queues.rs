@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use bluerdma_core::oob::{AtomicRequest, Capabilities, RecordKind, RECV_WR_LEN};
+use bluerdma_core::oob::{AtomicRequest, Capabilities, CheckOp, RecordKind, RECV_WR_LEN};
 
 /// The peer's queue already holds its limit of records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,8 @@ pub(super) struct Withheld {
 /// Removes from `queued` (whole records, kept in order otherwise) what a peer with
 /// capabilities `caps` does not take: receive-WR-too-short records without
 /// LENGTH_ERRORS, atomic requests and replies without ATOMICS, access checks and verdicts
-/// without ACCESS_CHECKS.
+/// without ACCESS_CHECKS, remote invalidations (checks of op SEND_WITH_INV) without
+/// REMOTE_INVALIDATE.
 pub(super) fn withhold(queued: &mut Vec<u8>, caps: Capabilities) -> Withheld {
     let kind = |k: RecordKind| Some(k as u32);
     let refused = |r: &[u8]| {
@@ -84,6 +85,9 @@ pub(super) fn withhold(queued: &mut Vec<u8>, caps: Capabilities) -> Withheld {
         !caps.contains(Capabilities::LENGTH_ERRORS) && k == kind(RecordKind::RecvTooShort)
             || !caps.contains(Capabilities::ACCESS_CHECKS)
                 && (k == kind(RecordKind::AccessCheck) || k == kind(RecordKind::AccessVerdict))
+            || !caps.contains(Capabilities::REMOTE_INVALIDATE)
+                && k == kind(RecordKind::AccessCheck)
+                && r.first() == Some(&(CheckOp::SendInv as u8))
             || !caps.contains(Capabilities::ATOMICS)
                 && [
                     RecordKind::AtomicRequest,
@@ -150,6 +154,30 @@ mod tests {
         assert_eq!(outbox.push(PEER, &wr(4)), Ok(()));
         assert_eq!(outbox.drop_peer(PEER), 3);
         assert_eq!(outbox.queued(PEER), 0);
+    }
+
+    #[test]
+    fn remote_invalidations_go_only_to_a_peer_that_takes_them() {
+        use bluerdma_core::oob::AccessCheck;
+        let check = |op| {
+            AccessCheck {
+                op,
+                rkey: 0x3c9,
+                qpn: 1,
+                ..AccessCheck::default()
+            }
+            .to_bytes()
+            .unwrap()
+        };
+        let (inv, send) = (check(CheckOp::SendInv), check(CheckOp::Send));
+        let all = [&wr(1)[..], &inv, &send].concat();
+        let mut q = all.clone();
+        let w = withhold(&mut q, Capabilities::OURS - Capabilities::REMOTE_INVALIDATE);
+        assert_eq!(w.records, 1);
+        assert_eq!(q, [&wr(1)[..], &send].concat());
+        let mut q = all.clone();
+        assert_eq!(withhold(&mut q, Capabilities::OURS), Withheld::default());
+        assert_eq!(q, all);
     }
 
     #[test]

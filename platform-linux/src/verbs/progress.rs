@@ -68,8 +68,9 @@ pub(super) fn progress_loop(inner: &Inner) {
         // thread never makes it wait (on two cores a contended lock costs more than a poll).
         let mut fire = Vec::new();
         let mut events = Vec::new();
+        let mut clock = inner.clock();
         let mut round = |dev: &mut Engine| {
-            let w = dev.poll(now);
+            let w = dev.poll(now) | dev.run_remote_invalidations(&mut clock);
             let frames = raw.take(inner, dev);
             collect_events(inner, dev, &mut fire);
             while let Some(e) = dev.take_event() {

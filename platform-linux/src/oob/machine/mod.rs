@@ -22,7 +22,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bluerdma_core::oob::{
-    AtomicMessage, AtomicReply, AtomicStatus, Hello, OobError, OobMessage, RECV_WR_LEN,
+    AtomicMessage, AtomicReply, AtomicStatus, Capabilities, Hello, OobError, OobMessage,
+    RECV_WR_LEN,
 };
 use bluerdma_core::platform::OobEvent;
 
@@ -144,12 +145,12 @@ impl Machine {
         std::mem::take(&mut self.links_changed)
     }
 
-    /// The peers with an open connection.
-    pub(super) fn connected_peers(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
-        self.peers
-            .iter()
-            .filter(|(_, link)| matches!(link, PeerLink::Connected(_)))
-            .map(|(&peer, _)| peer)
+    /// The peers with an open connection, and the capabilities of their hellos.
+    pub(super) fn connected_caps(&self) -> impl Iterator<Item = (Ipv4Addr, Capabilities)> + '_ {
+        self.peers.iter().filter_map(|(&peer, link)| match link {
+            PeerLink::Connected(t) => Some((peer, self.conns.get(t)?.peer_caps)),
+            _ => None,
+        })
     }
 
     /// What the socket layer waits for on `token`; `None` if the machine does not know it.

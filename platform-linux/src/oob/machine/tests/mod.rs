@@ -157,7 +157,7 @@ impl Node {
     }
 
     fn peers(&self) -> Vec<Ipv4Addr> {
-        let mut peers: Vec<_> = self.m.connected_peers().collect();
+        let mut peers: Vec<_> = self.m.connected_caps().map(|(p, _)| p).collect();
         peers.sort();
         peers
     }
