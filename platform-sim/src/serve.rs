@@ -153,14 +153,19 @@ impl ServedCard {
     ) -> io::Result<Self> {
         let file = Arc::new(RegisterFile::new());
         let dma = DmaServer::bind(dma)?;
-        // A driver that exits leaves its rings programmed: the card would go on fetching
-        // them from memory that is gone (errors, then a stale head under the next driver).
+        // A driver whose DMA connection ends: what the card fetched for it is dropped (its
+        // memory is gone). The rings are reset when its CSR connection ends, which the
+        // server handles before it serves the next driver's writes (a reset on the DMA
+        // side could land after the next driver had programmed the rings: its DMA
+        // connection can be accepted after its first CSR writes).
+        let card = Arc::clone(&file);
+        dma.on_driver_gone(move || card.driver_gone());
+        let csr = CsrServer::bind(csr_port, Arc::clone(&file) as Arc<dyn CsrTarget>)?;
         let rings = Arc::clone(&file);
-        dma.on_driver_gone(move || {
+        csr.on_client_gone(move || {
             rings.reset_rings();
             log::info!("the driver went away: the card's rings are reset");
         });
-        let csr = CsrServer::bind(csr_port, Arc::clone(&file) as Arc<dyn CsrTarget>)?;
         let ports = ServePorts {
             csr: csr.local_addr().port(),
             dma: dma.local_addr().port(),

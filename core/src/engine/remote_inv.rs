@@ -234,8 +234,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 self.qp(i).rq.invalidated = Some((Psn::from_raw(c.psn), c.rkey));
                 true
             }
-            Err(e) => {
-                core_error!("remote invalidation of {:#x}: {}", c.rkey, e);
+            Err(_e) => {
+                // VerbsError has no defmt::Format: the firmware's line names the key only.
+                #[cfg(not(feature = "defmt"))]
+                core_error!("remote invalidation of {:#x}: {}", c.rkey, _e);
+                #[cfg(feature = "defmt")]
+                core_error!("remote invalidation of {:#x} failed", c.rkey);
                 false
             }
         }

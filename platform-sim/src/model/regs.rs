@@ -37,7 +37,7 @@ pub struct RegisterFile {
     undecoded: AtomicU64,
     last_undecoded: Mutex<Option<UndecodedAccess>>,
     sleepers: AtomicUsize,
-    /// How many times [`RegisterFile::reset_rings`] ran.
+    /// How many times the rings were reset or their driver went away.
     resets: AtomicU64,
     /// Doorbell generation: bumped by every wake.
     wake_lock: Mutex<u64>,
@@ -134,11 +134,17 @@ impl RegisterFile {
                 reg.store(0, Ordering::Release);
             }
         }
+        self.driver_gone();
+    }
+
+    /// The driver went away: work fetched for it is dropped ([`RegisterFile::resets`]
+    /// counts this too), the registers stay as they are.
+    pub fn driver_gone(&self) {
         self.resets.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// How many times the rings were reset: work fetched under an older count belongs to a
-    /// driver that has gone, and is dropped.
+    /// How many times the rings were reset or their driver went away: work fetched under an
+    /// older count belongs to a driver that has gone, and is dropped.
     pub fn resets(&self) -> u64 {
         self.resets.load(Ordering::Acquire)
     }

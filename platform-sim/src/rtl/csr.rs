@@ -405,7 +405,12 @@ struct CsrServerShared {
     /// A clone of the served client's stream, to end it on shutdown; `Some` while serving.
     client: Mutex<Option<TcpStream>>,
     counters: CsrServerCounters,
+    /// Called when a client's connection ends ([`CsrServer::on_client_gone`]).
+    on_gone: Mutex<Option<ClientGone>>,
 }
+
+/// What the card does when its CSR client (its driver) goes away.
+type ClientGone = Box<dyn Fn() + Send + Sync>;
 
 impl CsrServerShared {
     fn client(&self) -> MutexGuard<'_, Option<TcpStream>> {
@@ -446,6 +451,7 @@ impl CsrServer {
             stop: AtomicBool::new(false),
             client: Mutex::new(None),
             counters: CsrServerCounters::default(),
+            on_gone: Mutex::new(None),
         });
         let accept_shared = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
@@ -479,6 +485,16 @@ impl CsrServer {
                         .name(format!("csr-client-{}", addr.port()))
                         .spawn(move || {
                             serve_client(&serve_shared, stream);
+                            // Before the next client can be accepted: it finds the card
+                            // as the hook left it.
+                            if let Some(gone) = serve_shared
+                                .on_gone
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .as_ref()
+                            {
+                                gone();
+                            }
                             *serve_shared.client() = None;
                         })
                         .map_err(|e| log::error!("CSR server {addr}: cannot spawn: {e}"))
@@ -497,6 +513,16 @@ impl CsrServer {
             shared,
             accept_thread: Some(accept_thread),
         })
+    }
+
+    /// Calls `gone` each time a client's connection ends, before the next client is
+    /// served (one client at a time: a second one is refused while the first is served).
+    pub fn on_client_gone(&self, gone: impl Fn() + Send + Sync + 'static) {
+        *self
+            .shared
+            .on_gone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Box::new(gone));
     }
 
     /// The address the server listens on.
