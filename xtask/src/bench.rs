@@ -26,7 +26,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::perftest::{keyed_number, PairFigure, PairRunner};
+use super::perftest::{keyed_number, run_baseline, PairFigure, PairRunner};
 
 /// The hidden first argument that makes `bench` measure the baselines only.
 const BASELINE: &str = "--baseline";
@@ -418,42 +418,28 @@ struct Baseline {
 /// Runs `xtask --features tcp-baseline bench --baseline SECS ITERS IP` in release and reads
 /// its figures.
 fn measure_baseline(root: &Path, opts: &Opts) -> Result<Baseline, String> {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let (secs, iters) = if opts.quick {
         (0.5, 5_000)
     } else {
         (2.0, 20_000)
     };
     println!("bench: baselines (TCP streams of 64 KiB and 1 MiB for {secs} s each, 8 B ping-pong x {iters}, memcpy)");
-    let out = Command::new(&cargo)
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "-p",
-            "xtask",
-            "--features",
-            "tcp-baseline",
-            "--",
-        ])
-        .args([
+    let (ok, text) = run_baseline(
+        root,
+        &[
             "bench",
             BASELINE,
             &secs.to_string(),
             &iters.to_string(),
             "127.0.0.1",
-        ])
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+        ],
+    )?;
     let field = |key: &str| {
         keyed_number(&text, key)
             .filter(|v| *v > 0.0)
             .ok_or_else(|| format!("bench: baseline gave no {key}: {}", text.trim()))
     };
-    if !out.status.success() {
+    if !ok {
         return Err(format!("bench: baseline failed: {}", text.trim()));
     }
     Ok(Baseline {

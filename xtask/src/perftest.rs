@@ -1165,38 +1165,20 @@ struct Baseline {
 /// Runs `xtask --features tcp-baseline perftest --tcp-baseline SECS ITERS IP` in release and
 /// reads its two figures.
 fn measure_baseline(root: &Path, opts: &Opts, ip: &str) -> Result<Baseline, String> {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let (secs, iters) = opts.baseline();
     println!("perftest: TCP loopback baseline ({BW_SIZE} B stream for {secs} s, {LAT_SIZE} B ping-pong x {iters})");
-    let out = Command::new(&cargo)
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "-p",
-            "xtask",
-            "--features",
-            "tcp-baseline",
-            "--",
-        ])
-        .args([
+    let (ok, text) = run_baseline(
+        root,
+        &[
             "perftest",
             TCP_BASELINE,
             &secs.to_string(),
             &iters.to_string(),
             ip,
-        ])
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+        ],
+    )?;
     let field = |key: &str| keyed_number(&text, key);
-    match (
-        out.status.success(),
-        field("stream_mb_s"),
-        field("pingpong_us"),
-    ) {
+    match (ok, field("stream_mb_s"), field("pingpong_us")) {
         (true, Some(stream_mb_s), Some(pingpong_us)) => Ok(Baseline {
             stream_mb_s,
             pingpong_us,
@@ -1436,6 +1418,22 @@ impl Report {
             (_, false) => Err(format!("perftest: failed: {}", failed.join(", "))),
         }
     }
+}
+
+/// Runs `xtask --features tcp-baseline ARGS` in release (the baseline programs of perftest
+/// and bench); returns whether it succeeded and its standard output.
+pub(crate) fn run_baseline(root: &Path, args: &[&str]) -> Result<(bool, String), String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["run", "--quiet", "--release", "-p", "xtask"])
+        .args(["--features", "tcp-baseline", "--"])
+        .args(args)
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot start `{cargo} run`: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    Ok((out.status.success(), text))
 }
 
 /// The number after `key` on the first line of `text` that starts with it (the
