@@ -32,7 +32,7 @@ fn main() {
     let port = 40_000 + (std::process::id() % 20_000) as u16;
     let (ctx_a, ctx_b, a, b) = open_udp_pair(port);
 
-    let rate = post_rate(&a, &b, seconds);
+    let rate = post_rate(&a, &b, seconds, 32);
     let tcp_gbps = tcp_stream_gbps(seconds);
     let bw = write_bw(&a, &b, 1 << 20, 8, seconds);
     let bw64k = write_bw(&a, &b, 64 << 10, 32, seconds);

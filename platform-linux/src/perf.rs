@@ -112,8 +112,9 @@ pub fn drain(cq: &Cq, n: usize) {
     }
 }
 
-/// Work requests posted per second (post_send only).
-pub fn post_rate(a: &Side, b: &Side, seconds: f64) -> f64 {
+/// Work requests posted per second (post_send only): 64 B WRITEs, `per_call` in each
+/// post_send, one signaled in 32 (the completion drained outside the timing).
+pub fn post_rate(a: &Side, b: &Side, seconds: f64, per_call: usize) -> f64 {
     let src = a.pd.alloc_mr(1 << 20, ALL).unwrap();
     let dst = b.pd.alloc_mr(1 << 20, ALL).unwrap();
     let batch: Vec<SendWr> = (0..32)
@@ -124,13 +125,31 @@ pub fn post_rate(a: &Side, b: &Side, seconds: f64) -> f64 {
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     while Instant::now() < end {
         let t = Instant::now();
-        // SAFETY: both MRs outlive every completion (drained below).
-        unsafe { a.qp.post_send(&batch).expect("post") };
+        for chunk in batch.chunks(per_call.max(1)) {
+            // SAFETY: both MRs outlive every completion (drained below, before reuse).
+            unsafe { a.qp.post_send(chunk).expect("post") };
+        }
         in_post += t.elapsed();
-        posted += 32;
+        posted += batch.len() as u64;
         drain(&a.cq, 1);
     }
     posted as f64 / in_post.as_secs_f64()
+}
+
+/// The value after `--seconds` on the command line, else `default`.
+pub fn seconds_arg(default: f64) -> f64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--seconds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A UDP port for this process's emulated pair: `base` plus the pid modulo 20,000, so that
+/// benchmark processes running at once do not collide.
+pub fn process_port(base: u16) -> u16 {
+    base + (std::process::id() % 20_000) as u16
 }
 
 /// WRITE bandwidth in Gbit/s: `len`-byte WRITEs, `depth` in flight.
@@ -364,12 +383,13 @@ pub fn tcp_pingpong_us(iters: u32) -> f64 {
         * 1e6
 }
 
-/// CPU time of this process (user + system) in seconds, from /proc/self/stat.
+/// CPU time of this process (user + system) in seconds (getrusage: microseconds, where
+/// /proc's clock ticks are 10 ms, as long as a 10 s idle measurement at 0.1 % of a core).
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the command name.
-    (ticks(11) + ticks(12)) / 100.0
+    // SAFETY: getrusage fills the struct it is given; all-zero is a valid initial value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage on this stack frame.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
