@@ -190,14 +190,14 @@ impl Inner {
         let stall = self.tuning.command_timeout / 4;
         let mut last = None;
         let mut since = std::time::Instant::now();
+        // No progress thread runs now: the clock of waiting verbs runs an inline card's
+        // transmit side.
+        let mut clock = self.clock();
         loop {
-            // No progress thread runs now: an inline card's transmit side runs here.
-            if let Some(card) = &self.inline {
-                card.flush_tx();
-            }
+            let now = clock();
             let backlog = {
                 let mut dev = self.lock();
-                dev.poll(self.now());
+                dev.poll(now);
                 dev.tx_backlog()
             };
             let read = self.handle().tx_frame_bytes_read();
