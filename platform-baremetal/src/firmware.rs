@@ -34,7 +34,7 @@ const READ_SKEW: usize = 5;
 const PATH_MTU_4096: u32 = 5;
 
 /// What the self-test does.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct FirmwareConfig {
     /// The card's network identity; its IP is also the peer's (loopback).
     pub device: DeviceConfig,
@@ -320,7 +320,7 @@ pub fn firmware_main<P: Platform, S: Storage>(
         })?;
     let verbs = |step: Step| move |error: VerbsError| FirmwareError::Verbs { step, error };
 
-    let mut dev = Device::<P, S>::open(regs, dma, mem, storage, cfg.device, clock)
+    let mut dev = Device::<P, S>::open(regs, dma, mem, storage, cfg.device.clone(), clock)
         .map_err(verbs(Step::Open))?;
     fw_info!("self-test: device open");
     let pd = dev.alloc_pd().map_err(verbs(Step::AllocPd))?;

@@ -3,12 +3,16 @@
 //! allocates (platforms that carve DMA memory out of one block size it from that list).
 
 use core::net::Ipv4Addr;
+use core::ops::Range;
 
 use crate::addr::PageSize;
 use crate::desc::simple_nic::{RX_BUFFER_SIZE, RX_SLOT_SIZE};
+use crate::keys::{MrKey, Qpn, MR_TABLE_LEN, PGT_LEN, QP_TABLE_LEN};
 use crate::mac::MacAddr;
 use crate::ring::{RING_ALIGN, RING_BYTES};
 use crate::time::Nanos;
+
+use super::error::VerbsError;
 
 /// Largest chunk the driver hands the card (64 KiB, ARCHITECTURE.md).
 pub const CHUNK_BYTES: u32 = 64 * 1024;
@@ -80,8 +84,161 @@ pub const OPEN_BUFFERS: [DmaNeed; 10] = [
     need("raw frame slots", RAW_FRAME_MAX * RAW_SLOTS, 4096),
 ];
 
+/// The parts of the card's tables one engine hands out: QP table indices, MR table indices
+/// and page-table entries. Several engines share one card (a daemon multiplexes their rings
+/// onto the card's single set) when each allocates only inside its own windows, which the
+/// daemon assigns disjoint ([`TableWindows::split`]). QPNs and MR keys are
+/// `(index << 8) | key8` ([`crate::keys`]): the window bounds the index.
+///
+/// The engine's storage still bounds what it can hold: an engine with `n` QP slots uses the
+/// first `n` indices of its QP window (and so on for MRs); its storage slot `k` is card
+/// index `window.start + k`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableWindows {
+    /// QP table indices; inside `1..QP_TABLE_LEN` (index 0 is reserved by the card).
+    pub qp_index: Range<u32>,
+    /// MR table indices; inside `1..MR_TABLE_LEN` (index 0 is the card's "no MR", which
+    /// the driver never hands out).
+    pub mr_index: Range<u32>,
+    /// Page-table entries (the `pgt_offset` ranges of MRs); inside `0..PGT_LEN`.
+    pub pgt: Range<u32>,
+}
+
+impl TableWindows {
+    /// The whole card, what an engine alone on its card uses: QP indices 1..1024, MR indices
+    /// 1..8192, page-table entries 0..131072.
+    pub const WHOLE: TableWindows = TableWindows {
+        qp_index: 1..QP_TABLE_LEN,
+        mr_index: 1..MR_TABLE_LEN,
+        pgt: 0..PGT_LEN,
+    };
+
+    /// Whether the QP table index of `qpn` is in the QP window.
+    #[inline]
+    pub fn contains_qpn(&self, qpn: Qpn) -> bool {
+        self.qp_index.contains(&qpn.index())
+    }
+
+    /// Whether the MR table index of `key`, as the card decodes it ([`MrKey::index`]), is in
+    /// the MR window.
+    #[inline]
+    pub fn contains_mr_key(&self, key: MrKey) -> bool {
+        self.mr_index.contains(&key.index())
+    }
+
+    /// Whether the page-table entries `r` lie in the page-table window (an empty `r` does
+    /// if its bounds do; a reversed one never).
+    #[inline]
+    pub fn contains_pgt(&self, r: Range<u32>) -> bool {
+        r.start <= r.end && self.pgt.start <= r.start && r.end <= self.pgt.end
+    }
+
+    /// Slot `i` of `n` equal slices of the whole card: each table is cut into `n` parts of
+    /// `len / n` entries (a remainder at the end stays unused), and slot 0 leaves out the
+    /// reserved QP and MR index 0. `None` if `i >= n` or a slice would be empty. `split(1,
+    /// 0)` is [`TableWindows::WHOLE`].
+    pub fn split(n: u32, i: u32) -> Option<TableWindows> {
+        if i >= n {
+            return None;
+        }
+        let slice = |len: u32, whole: Range<u32>| -> Option<Range<u32>> {
+            let part = len / n;
+            let (start, end) = (part * i, part * (i + 1));
+            let r = start.max(whole.start)..end.min(whole.end);
+            (r.start < r.end).then_some(r)
+        };
+        Some(TableWindows {
+            qp_index: slice(QP_TABLE_LEN, Self::WHOLE.qp_index)?,
+            mr_index: slice(MR_TABLE_LEN, Self::WHOLE.mr_index)?,
+            pgt: slice(PGT_LEN, Self::WHOLE.pgt)?,
+        })
+    }
+
+    /// Checks that every window is non-empty and inside [`TableWindows::WHOLE`] (what
+    /// [`Device::open`](super::Device::open) refuses otherwise).
+    pub fn validate(&self) -> Result<(), VerbsError> {
+        let bad = |what| Err(VerbsError::InvalidArgument { what });
+        let whole = Self::WHOLE;
+        let inside = |r: &Range<u32>, w: &Range<u32>| w.start <= r.start && r.end <= w.end;
+        if self.qp_index.is_empty() {
+            return bad("table windows: the QP window is empty");
+        }
+        if !inside(&self.qp_index, &whole.qp_index) {
+            return bad("table windows: the QP window is outside the card's QP indices 1..1024");
+        }
+        if self.mr_index.is_empty() {
+            return bad("table windows: the MR window is empty");
+        }
+        if !inside(&self.mr_index, &whole.mr_index) {
+            return bad("table windows: the MR window is outside the card's MR indices 1..8192");
+        }
+        if self.pgt.is_empty() {
+            return bad("table windows: the page-table window is empty");
+        }
+        if !inside(&self.pgt, &whole.pgt) {
+            return bad("table windows: the page-table window is outside the card's 0..131072");
+        }
+        Ok(())
+    }
+
+    /// The storage slots usable for QPs: those of a storage of `slots` that the window
+    /// has card indices for.
+    #[inline]
+    pub(crate) fn qp_slots(&self, slots: usize) -> usize {
+        slots.min(self.qp_index.len())
+    }
+
+    /// The QPN of storage slot `slot` with key byte `key`; `None` past the window.
+    #[inline]
+    pub(crate) fn qpn_of_slot(&self, slot: usize, key: u8) -> Option<Qpn> {
+        card_index(&self.qp_index, slot).and_then(|index| Qpn::new(index, key))
+    }
+
+    /// The storage slot of the QP table index of `qpn`; `None` outside the window.
+    #[inline]
+    pub(crate) fn qp_slot(&self, qpn: Qpn) -> Option<usize> {
+        slot_of(&self.qp_index, qpn.index())
+    }
+
+    /// The storage slots usable for MRs (as [`TableWindows::qp_slots`]).
+    #[inline]
+    pub(crate) fn mr_slots(&self, slots: usize) -> usize {
+        slots.min(self.mr_index.len())
+    }
+
+    /// The MR key of storage slot `slot` with key byte `key`; `None` past the window.
+    #[inline]
+    pub(crate) fn mr_key_of_slot(&self, slot: usize, key: u8) -> Option<MrKey> {
+        card_index(&self.mr_index, slot).and_then(|index| MrKey::new(index, key))
+    }
+
+    /// The storage slot of the MR table index of `key` (any key byte); `None` outside the
+    /// window.
+    #[inline]
+    pub(crate) fn mr_slot(&self, key: MrKey) -> Option<usize> {
+        slot_of(&self.mr_index, key.index())
+    }
+}
+
+/// The card index of storage slot `slot` in `window`.
+#[inline]
+fn card_index(window: &Range<u32>, slot: usize) -> Option<u32> {
+    u32::try_from(slot)
+        .ok()
+        .and_then(|k| window.start.checked_add(k))
+        .filter(|index| *index < window.end)
+}
+
+/// The storage slot of card index `index` in `window`.
+#[inline]
+fn slot_of(window: &Range<u32>, index: u32) -> Option<usize> {
+    window
+        .contains(&index)
+        .then(|| (index - window.start) as usize)
+}
+
 /// How the device is set up.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct DeviceConfig {
     /// The card's MAC.
     pub mac: MacAddr,
@@ -104,6 +261,9 @@ pub struct DeviceConfig {
     pub ack_timeout_min: Nanos,
     /// Packets in flight per QP before new work waits for ACKs.
     pub send_window: u32,
+    /// The parts of the card's tables this engine allocates in (the whole card unless
+    /// several engines share it).
+    pub windows: TableWindows,
 }
 
 impl DeviceConfig {
@@ -118,6 +278,7 @@ impl DeviceConfig {
             command_timeout: Nanos::from_millis(2_000),
             ack_timeout_min: Nanos(0),
             send_window: 1024,
+            windows: TableWindows::WHOLE,
         }
     }
 }
@@ -199,4 +360,117 @@ pub struct EngineStats {
     pub atomics_dropped: u64,
     /// Atomic replies that found no atomic waiting (a second reply to a resent request).
     pub atomic_replies_stale: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_slices_halve_each_table_and_leave_out_the_reserved_indices() {
+        let a = TableWindows::split(2, 0).unwrap();
+        let b = TableWindows::split(2, 1).unwrap();
+        assert_eq!(
+            (a.qp_index.clone(), b.qp_index.clone()),
+            (1..512, 512..1024)
+        );
+        assert_eq!(
+            (a.mr_index.clone(), b.mr_index.clone()),
+            (1..4096, 4096..8192)
+        );
+        assert_eq!((a.pgt.clone(), b.pgt.clone()), (0..65536, 65536..131_072));
+        assert_eq!(TableWindows::split(1, 0), Some(TableWindows::WHOLE));
+        assert_eq!(TableWindows::split(2, 2), None);
+        assert_eq!(TableWindows::split(0, 0), None);
+        // 1024 slices: slot 0's QP slice would be index 0 only.
+        assert_eq!(TableWindows::split(1024, 0), None);
+        assert_eq!(TableWindows::split(1024, 1).unwrap().qp_index, 1..2);
+        assert_eq!(TableWindows::split(1025, 1), None, "slices of no QP index");
+        // Three slices: equal, the remainder unused.
+        let c = TableWindows::split(3, 2).unwrap();
+        assert_eq!((c.qp_index, c.mr_index), (682..1023, 5460..8190));
+        for n in 1..=16 {
+            for i in 0..n {
+                let w = TableWindows::split(n, i).unwrap();
+                assert_eq!(w.validate(), Ok(()), "{n} {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_contains_the_handles_of_its_indices_only() {
+        let w = TableWindows::split(2, 1).unwrap();
+        let qpn = |i| Qpn::new(i, 0xAB).unwrap();
+        assert!(w.contains_qpn(qpn(512)) && w.contains_qpn(qpn(1023)));
+        assert!(!w.contains_qpn(qpn(511)));
+        // A raw QPN above the card's 10 bits is no index of any window.
+        assert!(!w.contains_qpn(Qpn::from_raw(1030 << 8)));
+        assert!(w.contains_mr_key(MrKey::new(4096, 0).unwrap()));
+        assert!(!w.contains_mr_key(MrKey::new(4095, 0xFF).unwrap()));
+        // The card decodes 13 index bits: bits above them do not move a key into the window.
+        assert!(!w.contains_mr_key(MrKey::from_raw((1 << 21) | (1 << 8))));
+        assert!(w.contains_pgt(65536..65600) && w.contains_pgt(131_000..131_072));
+        assert!(!w.contains_pgt(65535..65600) && !w.contains_pgt(131_000..131_073));
+        assert!(w.contains_pgt(70_000..70_000));
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = 70_001..70_000;
+        assert!(!w.contains_pgt(reversed));
+    }
+
+    #[test]
+    fn slots_map_to_the_window_and_back() {
+        let w = TableWindows {
+            qp_index: 10..13,
+            mr_index: 100..102,
+            pgt: 0..1,
+        };
+        assert_eq!(w.qpn_of_slot(0, 7), Qpn::new(10, 7));
+        assert_eq!(w.qpn_of_slot(2, 7), Qpn::new(12, 7));
+        assert_eq!(w.qpn_of_slot(3, 7), None);
+        assert_eq!(w.qp_slot(Qpn::new(12, 1).unwrap()), Some(2));
+        assert_eq!(w.qp_slot(Qpn::new(13, 1).unwrap()), None);
+        assert_eq!(w.qp_slot(Qpn::new(9, 1).unwrap()), None);
+        assert_eq!((w.qp_slots(8), w.qp_slots(2)), (3, 2));
+        assert_eq!(w.mr_key_of_slot(1, 9), MrKey::new(101, 9));
+        assert_eq!(w.mr_key_of_slot(2, 9), None);
+        assert_eq!(w.mr_slot(MrKey::new(100, 3).unwrap()), Some(0));
+        assert_eq!(w.mr_slot(MrKey::new(0, 3).unwrap()), None);
+        // The whole card: QP slot i is index i + 1, MR slot i index i + 1.
+        let whole = TableWindows::WHOLE;
+        assert_eq!(whole.qpn_of_slot(0, 0xB7).map(Qpn::get), Some(0x01B7));
+        assert_eq!(whole.qpn_of_slot(1022, 0), Qpn::new(1023, 0));
+        assert_eq!(whole.qpn_of_slot(1023, 0), None);
+        assert_eq!(whole.mr_key_of_slot(0, 6).map(MrKey::get), Some(0x0106));
+        assert_eq!(whole.mr_slots(usize::MAX), 8191);
+    }
+
+    #[test]
+    fn validation_names_the_window_that_is_wrong() {
+        let whole = TableWindows::WHOLE;
+        let what = |w: TableWindows| match w.validate() {
+            Err(VerbsError::InvalidArgument { what }) => what,
+            r => panic!("{w:?}: {r:?}"),
+        };
+        let empty_qp = TableWindows {
+            qp_index: 3..3,
+            ..whole.clone()
+        };
+        assert!(what(empty_qp).contains("QP window is empty"));
+        let reserved = TableWindows {
+            qp_index: 0..3,
+            ..whole.clone()
+        };
+        assert!(what(reserved).contains("QP window is outside"));
+        let mr = TableWindows {
+            mr_index: 1..8193,
+            ..whole.clone()
+        };
+        assert!(what(mr).contains("MR window is outside"));
+        let pgt = TableWindows {
+            pgt: 0..0,
+            ..whole.clone()
+        };
+        assert!(what(pgt).contains("page-table window is empty"));
+        assert_eq!(whole.validate(), Ok(()));
+    }
 }

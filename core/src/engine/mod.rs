@@ -10,7 +10,8 @@
 //! [`Device`] (this file) opens and closes the card and dispatches `poll(now)`; each role
 //! has its own module (ARCHITECTURE.md "The engine by role"):
 //!
-//! - `config`: [`DeviceConfig`], [`EngineStats`], fixed sizes, the DMA buffers `open` takes
+//! - `config`: [`DeviceConfig`], [`EngineStats`], fixed sizes, the DMA buffers `open` takes,
+//!   [`TableWindows`] (which card table entries this engine hands out)
 //! - `storage`: [`Storage`] and the views that own index arithmetic (send queue, CQ ring,
 //!   timer table); `ranges`: each QP's and CQ's range of the shared tables; `recv_pool`:
 //!   the shared table of receive WRs
@@ -66,7 +67,8 @@ use crate::time::Instant;
 pub use atomic::{ATOMIC_RESULTS, ATOMIC_WINDOW};
 pub use command::{op_name, CommandQueue, Ticket};
 pub use config::{
-    DeviceConfig, DmaNeed, EngineStats, CHUNK_BYTES, OPEN_BUFFERS, RAW_FRAME_MAX, SEND_WINDOW_CAP,
+    DeviceConfig, DmaNeed, EngineStats, TableWindows, CHUNK_BYTES, OPEN_BUFFERS, RAW_FRAME_MAX,
+    SEND_WINDOW_CAP,
 };
 pub use cq::CqSlot;
 pub use error::VerbsError;
@@ -84,7 +86,7 @@ pub use wr::{
 
 use config::{OPEN_BUFFERS as BUFFERS, PGT_STAGING_SLOTS, RAW_SLOTS};
 use events::Events;
-use mr::{MrJob, PgtAllocator, MR_JOBS};
+use mr::{MrJob, PgtWindow, MR_JOBS};
 use pd::PdTable;
 use ranges::Carver;
 use raw::TxSlots;
@@ -121,7 +123,8 @@ pub struct Device<P: Platform, S: Storage> {
     /// A consumer takes received simple-NIC frames ([`Device::take_raw_frames`]).
     keep_raw_frames: bool,
     key_seq: u32,
-    pgt: PgtAllocator,
+    /// The free entries of this engine's page-table window.
+    pgt: PgtWindow,
     /// Which parts of the WQE and completion tables the QPs' send queues and the CQs hold.
     wqe_ranges: Carver,
     cqe_ranges: Carver,
@@ -185,6 +188,8 @@ fn ring_memory(dma: &impl DmaAllocator, buf: DmaBuffer) -> Result<RingMemory, Ve
 impl<P: Platform, S: Storage> Device<P, S> {
     /// Opens the device: allocates and programs the six rings, the simple-NIC buffers and
     /// the PGT staging buffer, then sets the network parameters and the raw-packet RX buffer.
+    /// Windows that are empty or leave the card's tables (`cfg.windows`,
+    /// [`TableWindows::validate`]) are refused before anything is touched.
     pub fn open(
         regs: P::Regs,
         dma: P::Dma,
@@ -193,6 +198,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         cfg: DeviceConfig,
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<Self, VerbsError> {
+        cfg.windows.validate()?;
         let (wqes, cqes, recvs) = {
             let s = storage.slices();
             if !s.consistent() {
@@ -216,13 +222,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
             c.program(&regs);
         }
         let rx_addr = rx_buf.device_addr();
+        let network = SetNetworkParam {
+            mac: cfg.mac,
+            ip: cfg.ip,
+            netmask: cfg.netmask,
+            gateway: cfg.gateway,
+        };
         let mut dev = Device {
             regs,
             dma,
             mem,
             storage,
-            cfg,
             commands: CommandQueue::new(cmd, resp, cfg.command_timeout),
+            pgt: PgtWindow::new(&cfg.windows.pgt),
+            cfg,
             send,
             meta,
             sn_tx,
@@ -238,7 +251,6 @@ impl<P: Platform, S: Storage> Device<P, S> {
             send_posted: 0,
             keep_raw_frames: false,
             key_seq: 0x5A,
-            pgt: PgtAllocator::new(crate::keys::PGT_LEN),
             wqe_ranges: Carver::new(wqes),
             cqe_ranges: Carver::new(cqes),
             recv_pool: RecvPool::new(recvs),
@@ -253,15 +265,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             qp_high: 0,
             now: clock(),
         };
-        dev.command(
-            CmdRequest::SetNetworkParam(SetNetworkParam {
-                mac: cfg.mac,
-                ip: cfg.ip,
-                netmask: cfg.netmask,
-                gateway: cfg.gateway,
-            }),
-            clock,
-        )?;
+        dev.command(CmdRequest::SetNetworkParam(network), clock)?;
         dev.command(
             CmdRequest::SetRawPacketReceiveMeta(SetRawPacketReceiveMeta {
                 write_base_addr: rx_addr,

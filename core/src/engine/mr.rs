@@ -9,7 +9,7 @@ use crate::addr::{DeviceAddr, VirtAddr};
 use crate::desc::cmd::{CmdRequest, UpdateMrTable};
 use crate::desc::pgt::{stage_pgt_update, DRIVER_ENTRIES_PER_UPDATE};
 use crate::desc::AccessFlags;
-use crate::keys::{MrKey, MR_TABLE_LEN, PGT_LEN};
+use crate::keys::{MrKey, PGT_LEN};
 use crate::platform::MemoryResolver;
 use crate::time::Instant;
 
@@ -92,6 +92,36 @@ impl MrSlot {
 /// Which page-table entries are taken (first fit over a bitmap).
 pub(crate) type PgtAllocator = super::ranges::RunMap<{ (PGT_LEN / 64) as usize }>;
 
+/// The engine's window of the card's page table: offsets it hands out and takes back are
+/// card offsets (`pgt_offset`), the bitmap counts from the window's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PgtWindow {
+    map: PgtAllocator,
+    base: u32,
+}
+
+impl PgtWindow {
+    /// The entries of `window` (inside `0..PGT_LEN`: `TableWindows::validate`), all free.
+    pub(crate) fn new(window: &core::ops::Range<u32>) -> Self {
+        PgtWindow {
+            map: PgtAllocator::new(window.end.saturating_sub(window.start)),
+            base: window.start,
+        }
+    }
+
+    /// Takes the first run of `n` free entries; its card offset.
+    pub(crate) fn alloc(&mut self, n: u32) -> Option<u32> {
+        self.map.alloc(n).map(|at| at + self.base)
+    }
+
+    /// Gives back `n` entries from card offset `offset` (nothing outside the window).
+    pub(crate) fn free(&mut self, offset: u32, n: u32) {
+        if let Some(at) = offset.checked_sub(self.base) {
+            self.map.free(at, n);
+        }
+    }
+}
+
 /// A registration in progress, to ask about with [`Device::reg_mr_poll`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PendingMr {
@@ -153,7 +183,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             .ok_or(VerbsError::Busy {
                 what: "MR registrations in progress",
             })?;
-        let index = self.free_mr_index()?;
+        let slot = self.free_mr_slot()?;
         let pages = self.cfg.page_size.pages_spanned(va.0, len) as u32;
         let pgt_offset = self
             .pgt
@@ -164,12 +194,13 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.pgt.free(pgt_offset, pages);
             return Err(e.into());
         }
-        let Some(key) = MrKey::new(index, self.next_key()) else {
+        let key8 = self.next_key();
+        let Some(key) = self.cfg.windows.mr_key_of_slot(slot, key8) else {
             self.mem.unpin(va, len as usize);
             self.pgt.free(pgt_offset, pages);
             return Err(VerbsError::OutOfResources { what: "MR table" });
         };
-        self.storage.slices().mrs[index as usize] = MrSlot {
+        self.storage.slices().mrs[slot] = MrSlot {
             state: MrState::Registering,
             key,
             va: va.0,
@@ -216,17 +247,28 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return None;
         }
         self.mr_jobs[j] = None;
-        let index = job.key.index() as usize;
+        let Some(m) = self.mr_entry(job.key).map(|m| *m) else {
+            // The job's key names a slot of this engine (it made the key): not reached.
+            return Some(Err(VerbsError::NoSuchObject {
+                what: "MR registration",
+                handle: p.key.get(),
+            }));
+        };
         Some(match job.failed {
             None => {
-                self.storage.slices().mrs[index].state = MrState::Valid;
+                self.set_mr_entry(
+                    job.key,
+                    MrSlot {
+                        state: MrState::Valid,
+                        ..m
+                    },
+                );
                 Ok(job.key)
             }
             Some(e) => {
-                let m = self.storage.slices().mrs[index];
                 self.mem.unpin(VirtAddr(m.va), m.len as usize);
                 self.pgt.free(m.pgt_offset, m.pages);
-                self.storage.slices().mrs[index] = MrSlot::default();
+                self.set_mr_entry(job.key, MrSlot::default());
                 Err(e)
             }
         })
@@ -265,7 +307,16 @@ impl<P: Platform, S: Storage> Device<P, S> {
                 job.failed.get_or_insert(e);
             }
         }
-        let m = self.storage.slices().mrs[job.key.index() as usize];
+        let Some(m) = self.mr_entry(job.key).map(|m| *m) else {
+            // Not reached: the job's key is one this engine made, in its MR window.
+            job.failed.get_or_insert(VerbsError::NoSuchObject {
+                what: "MR registration",
+                handle: job.key.get(),
+            });
+            job.done = job.in_flight.iter().all(Option::is_none);
+            self.mr_jobs[j] = Some(job);
+            return true;
+        };
         while job.failed.is_none() && job.submitted < m.pages {
             let Some(slot) =
                 (0..PGT_STAGING_SLOTS as u8).find(|s| self.staging_free & (1 << s) != 0)
@@ -374,7 +425,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.commands.run(&self.regs, invalid_entry(key), clock)?;
         self.mem.unpin(VirtAddr(slot.va), slot.len as usize);
         self.pgt.free(slot.pgt_offset, slot.pages);
-        self.storage.slices().mrs[key.index() as usize] = MrSlot::default();
+        self.set_mr_entry(key, MrSlot::default());
         Ok(())
     }
 
@@ -403,20 +454,35 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
     }
 
-    /// A free MR-table index (index 0 is the card's "no MR").
-    pub(super) fn free_mr_index(&mut self) -> Result<u32, VerbsError> {
+    /// A free MR storage slot with an index in the MR window (`TableWindows`: its key is
+    /// `mr_key_of_slot`).
+    pub(super) fn free_mr_slot(&mut self) -> Result<usize, VerbsError> {
         let s = self.storage.slices();
-        let n = s.mrs.len().min(MR_TABLE_LEN as usize);
-        (1..n)
-            .find(|&i| s.mrs[i].state == MrState::Free)
-            .map(|i| i as u32)
+        let n = self.cfg.windows.mr_slots(s.mrs.len());
+        s.mrs[..n]
+            .iter()
+            .position(|m| m.state == MrState::Free)
             .ok_or(VerbsError::OutOfResources { what: "MR table" })
+    }
+
+    /// The storage entry of the MR table index of `key` (any key byte, any state); `None`
+    /// outside this engine's window or storage.
+    pub(super) fn mr_entry(&mut self, key: MrKey) -> Option<&mut MrSlot> {
+        let slot = self.cfg.windows.mr_slot(key)?;
+        let mrs = self.storage.slices().mrs;
+        mrs.get_mut(slot)
+    }
+
+    /// Sets the storage entry of the MR table index of `key` (one of this engine's keys).
+    pub(super) fn set_mr_entry(&mut self, key: MrKey, m: MrSlot) {
+        if let Some(e) = self.mr_entry(key) {
+            *e = m;
+        }
     }
 
     /// The valid MR of `key`.
     pub(crate) fn mr_slot(&mut self, key: MrKey) -> Result<MrSlot, VerbsError> {
-        let s = self.storage.slices();
-        match s.mrs.get(key.index() as usize) {
+        match self.mr_entry(key) {
             Some(m) if m.state == MrState::Valid && m.key == key => Ok(*m),
             _ => Err(VerbsError::NoSuchObject {
                 what: "MR",
@@ -434,9 +500,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         access: AccessFlags,
         pd: Option<u32>,
     ) -> bool {
-        let s = self.storage.slices();
-        s.mrs
-            .get(key.index() as usize)
+        self.mr_entry(key)
             .is_some_and(|m| m.covers(key, va, len, access, pd))
     }
 }
@@ -503,6 +567,21 @@ mod tests {
         assert_eq!(p.alloc(11), Some(15), "the hole of 10 is too small");
         assert_eq!(p.alloc(10), Some(0));
         assert_eq!(p.alloc(PGT_LEN), None);
+    }
+
+    #[test]
+    fn a_page_table_window_hands_out_card_offsets_inside_it_only() {
+        let mut p = PgtWindow::new(&(1000..1100));
+        assert_eq!(p.alloc(60), Some(1000));
+        assert_eq!(p.alloc(41), None, "40 left");
+        assert_eq!(p.alloc(40), Some(1060));
+        p.free(1000, 60);
+        // An offset below the window frees nothing.
+        p.free(10, 5);
+        assert_eq!(p.alloc(61), None);
+        assert_eq!(p.alloc(60), Some(1000));
+        let mut whole = PgtWindow::new(&(0..PGT_LEN));
+        assert_eq!(whole.alloc(PGT_LEN), Some(0));
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.mem.unpin(VirtAddr(old.va), old.len as usize);
             self.pgt.free(old.pgt_offset, old.pages);
         }
-        self.storage.slices().mrs[key.index() as usize] = new;
+        self.set_mr_entry(key, new);
         Ok(new_key)
     }
 
@@ -182,9 +182,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// Whether a window is bound under exactly `key` on PD `pd` (what a peer's
     /// SEND_WITH_INV may invalidate).
     pub(crate) fn window_bound_in(&mut self, key: MrKey, pd: u32) -> bool {
-        let s = self.storage.slices();
-        s.mrs
-            .get(key.index() as usize)
+        self.mr_entry(key)
             .is_some_and(|w| w.window && w.state == MrState::Valid && w.key == key && w.pd == pd)
     }
 
@@ -192,10 +190,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// (the card has no entry for it).
     pub fn alloc_mw(&mut self, pd: u32) -> Result<MrKey, VerbsError> {
         self.check_pd(pd)?;
-        let index = self.free_mr_index()?;
-        let key = MrKey::new(index, self.next_key())
+        let slot = self.free_mr_slot()?;
+        let key8 = self.next_key();
+        let key = self
+            .cfg
+            .windows
+            .mr_key_of_slot(slot, key8)
             .ok_or(VerbsError::OutOfResources { what: "MR table" })?;
-        self.storage.slices().mrs[index as usize] = MrSlot {
+        self.storage.slices().mrs[slot] = MrSlot {
             state: MrState::Registering,
             key,
             pd,
@@ -207,8 +209,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
 
     /// The window slot of `mw` (any key byte: a bind changes it).
     fn window_slot(&mut self, mw: MrKey) -> Result<MrSlot, VerbsError> {
-        let s = self.storage.slices();
-        match s.mrs.get(mw.index() as usize) {
+        match self.mr_entry(mw) {
             Some(w) if w.window && w.state != MrState::Free => Ok(*w),
             _ => Err(VerbsError::NoSuchObject {
                 what: "memory window",
@@ -279,16 +280,18 @@ impl<P: Platform, S: Storage> Device<P, S> {
             window: true,
             parent: Some(mr),
         };
-        let index = mw.index() as usize;
         // Until the card has it, the slot is allocated and unbound.
-        self.storage.slices().mrs[index] = MrSlot {
-            state: MrState::Registering,
-            key: new_key,
-            ..w
-        };
+        self.set_mr_entry(
+            mw,
+            MrSlot {
+                state: MrState::Registering,
+                key: new_key,
+                ..w
+            },
+        );
         self.commands
             .run(&self.regs, mr_table_entry(&entry), clock)?;
-        self.storage.slices().mrs[index] = entry;
+        self.set_mr_entry(mw, entry);
         Ok(())
     }
 
@@ -322,7 +325,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if w.state == MrState::Valid {
             self.retire_window(w.key, clock)?;
         }
-        self.storage.slices().mrs[mw.index() as usize] = MrSlot::default();
+        self.set_mr_entry(mw, MrSlot::default());
         Ok(())
     }
 
@@ -337,14 +340,15 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let posted = self.send_mark();
         self.wait_send_fetched(posted, INVALIDATE_WAIT, clock)?;
         self.commands.run(&self.regs, invalid_entry(key), clock)?;
-        let slot = &mut self.storage.slices().mrs[key.index() as usize];
-        *slot = MrSlot {
-            state: MrState::Registering,
-            key,
-            pd: slot.pd,
-            window: true,
-            ..MrSlot::default()
-        };
+        if let Some(slot) = self.mr_entry(key) {
+            *slot = MrSlot {
+                state: MrState::Registering,
+                key,
+                pd: slot.pd,
+                window: true,
+                ..MrSlot::default()
+            };
+        }
         Ok(())
     }
 }

@@ -54,7 +54,8 @@ impl Default for QpCaps {
 /// A QP's handle: its QPN.
 pub type QpHandle = Qpn;
 
-/// The index of a QP slot in the storage (QP index in the card = slot + 1: index 0 is
+/// The index of a QP slot in the storage (QP index in the card = the QP window's start +
+/// slot, `TableWindows::qpn_of_slot`; the whole card's window starts at 1: index 0 is
 /// reserved by the card).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct QpIndex(u16);
@@ -254,6 +255,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         let key = self.next_key();
         let slot = {
+            let windows = &self.cfg.windows;
             let s = self.storage.slices();
             for cq in [send_cq, recv_cq] {
                 if !s.cqs.get(cq as usize).is_some_and(|c| c.in_use) {
@@ -263,16 +265,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     });
                 }
             }
-            s.qps
+            s.qps[..windows.qp_slots(s.qps.len())]
                 .iter()
                 .position(|q| !q.in_use)
                 .ok_or(VerbsError::OutOfResources {
                     what: "queue pairs",
                 })?
         };
-        let qpn = Qpn::new(slot as u32 + 1, key).ok_or(VerbsError::OutOfResources {
-            what: "queue pairs",
-        })?;
+        let qpn = self
+            .cfg
+            .windows
+            .qpn_of_slot(slot, key)
+            .ok_or(VerbsError::OutOfResources {
+                what: "queue pairs",
+            })?;
         let ring_len = caps.max_send_wr.checked_add(caps.read_responses).ok_or(
             VerbsError::InvalidArgument {
                 what: "max_send_wr too large",
@@ -320,9 +326,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         *self.timers(i) = QpTimers::default();
     }
 
-    /// The slot of the QP `qpn` (a stale or foreign QPN is refused).
+    /// The slot of the QP `qpn` (a stale or foreign QPN, or one outside this engine's QP
+    /// window, is refused).
     pub(crate) fn qp_index(&mut self, qpn: Qpn) -> Result<QpIndex, VerbsError> {
-        let slot = (qpn.index() as usize).wrapping_sub(1);
+        let slot = self.cfg.windows.qp_slot(qpn).unwrap_or(usize::MAX);
         match self.storage.slices().qps.get(slot) {
             Some(q) if q.in_use && q.attrs.qpn == qpn => Ok(QpIndex::from_slot(slot)),
             _ => Err(VerbsError::NoSuchObject {

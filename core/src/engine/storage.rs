@@ -20,7 +20,9 @@ use super::wr::WorkCompletion;
 
 /// Caller-provided storage for the device's objects.
 pub struct Slices<'a> {
-    /// Queue pairs (slot i is QP index i + 1: index 0 is reserved by the card).
+    /// Queue pairs (slot i is QP index `windows.qp_index.start + i` of
+    /// [`DeviceConfig::windows`](super::DeviceConfig::windows): i + 1 on the whole card,
+    /// where index 0 is reserved). Slots past the window are not used.
     pub qps: &'a mut [QpSlot],
     /// Send WQEs of every QP: each QP's send queue is a range of this table, taken at
     /// create_qp (its `max_send_wr` and room for the READ responses it may owe).
@@ -33,7 +35,9 @@ pub struct Slices<'a> {
     /// Completions of every CQ: each CQ's ring is a range of this table, taken at
     /// create_cq.
     pub cqes: &'a mut [WorkCompletion],
-    /// Memory regions (slot i is MR table index i).
+    /// Memory regions and memory windows (slot i is MR table index
+    /// `windows.mr_index.start + i`: i + 1 on the whole card, where index 0 is the card's
+    /// "no MR"). Slots past the window are not used.
     pub mrs: &'a mut [MrSlot],
     /// Receive WRs of every QP, posted here or announced by the peer. A QP reserves its
     /// `max_recv_wr` at creation; at most half the table is reserved, the rest holds what
