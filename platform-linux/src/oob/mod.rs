@@ -107,7 +107,9 @@
 //!   threads or clock (with its tests); `auth`: the proofs; `key`: the secret;
 //! - `io_thread`: the I/O thread, sockets and the `poll(2)` loop that feed the machine;
 //! - `queues`: the bounded per-peer send queues; `stats`: [`TcpOobStats`];
-//!   `waker`: the eventfd that wakes the I/O thread; `log_budget`: log rate limits.
+//!   `waker`: the eventfd that wakes the I/O thread; `log_budget`: log rate limits;
+//! - [`relay`]: one device's transport shared by several processes (a daemon's
+//!   [`relay::RelayHub`] and a [`relay::RelayClient`] per process, over a Unix socket).
 
 mod auth;
 mod io_thread;
@@ -115,6 +117,7 @@ mod key;
 mod log_budget;
 mod machine;
 mod queues;
+pub mod relay;
 mod stats;
 mod waker;
 
