@@ -5,7 +5,12 @@
 //! The card runs in the driver's own threads by default ([`InlineNic`]: doorbells, polls
 //! and the progress thread step it); `BLUERDMA_CARD=threads` ([`CARD_ENV`]) gives it two
 //! threads of its own instead ([`Nic`], an [`InProcessCard`]), as the card works beside the
-//! host.
+//! host ([`open_as`] chooses regardless of the environment).
+//!
+//! Either card reaches memory of other processes through its address map
+//! ([`BackendHandle::remote_memory`]).
+//!
+//! [`CARD_ENV`]: bluerdma_sim::model::CARD_ENV
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,29 +19,66 @@ use bluerdma_sim::inproc::{
     card_counters, device_link, DeviceLinkOptions, InProcessCard, InlineCard as SimInlineCard,
 };
 use bluerdma_sim::link::LinkPort;
-use bluerdma_sim::model::{inline, InlineNic, Nic, NicConfig, CARD_ENV};
+use bluerdma_sim::mem::RemoteMappings;
+use bluerdma_sim::model::{inline, InlineNic, Nic, NicConfig};
 
 use super::{
     Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs, InlineCard,
-    OpenError, Tuning,
+    OpenError, RemoteMemory, Tuning,
 };
 use crate::verbs::DeviceSpec;
 
 /// Keeps the card's threads running while the device is open.
-struct Handle(Nic);
+struct Handle {
+    nic: Nic,
+    remote: Arc<RemoteMappings>,
+}
 
 impl BackendHandle for Handle {
     fn card_stats(&self) -> String {
-        card_counters(self.0.shared())
+        card_counters(self.nic.shared())
+    }
+
+    fn remote_memory(&self) -> Option<Arc<dyn RemoteMemory>> {
+        Some(self.remote.clone())
     }
 }
 
 /// Keeps the inline card (and its link) while the device is open.
-struct InlineHandle(Arc<InlineNic>);
+struct InlineHandle {
+    nic: Arc<InlineNic>,
+    remote: Arc<RemoteMappings>,
+}
 
 impl BackendHandle for InlineHandle {
     fn card_stats(&self) -> String {
-        card_counters(self.0.shared())
+        card_counters(self.nic.shared())
+    }
+
+    fn remote_memory(&self) -> Option<Arc<dyn RemoteMemory>> {
+        Some(self.remote.clone())
+    }
+}
+
+/// How an emulated card runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CardMode {
+    /// In the driver's own threads ([`InlineNic`]).
+    Inline,
+    /// In two threads of its own ([`Nic`]).
+    Threaded,
+}
+
+impl CardMode {
+    /// The mode [`CARD_ENV`] asks for (inline unless it says `threads`).
+    ///
+    /// [`CARD_ENV`]: bluerdma_sim::model::CARD_ENV
+    pub fn from_env() -> Self {
+        if inline::threaded_from_env() {
+            CardMode::Threaded
+        } else {
+            CardMode::Inline
+        }
     }
 }
 
@@ -69,7 +111,18 @@ impl InlineCard for InlineNic {
 
 /// Starts an emulated card for `spec` on `link`: inline, unless [`CARD_ENV`] asks for the
 /// threaded card.
+///
+/// [`CARD_ENV`]: bluerdma_sim::model::CARD_ENV
 pub fn open(spec: &DeviceSpec, link: Box<dyn LinkPort>) -> Result<Backend, OpenError> {
+    open_as(spec, link, CardMode::from_env())
+}
+
+/// Starts an emulated card for `spec` on `link`, running as `mode` says.
+pub fn open_as(
+    spec: &DeviceSpec,
+    link: Box<dyn LinkPort>,
+    mode: CardMode,
+) -> Result<Backend, OpenError> {
     let config = NicConfig {
         name: spec.name.clone(),
         page_size: spec.page_size,
@@ -93,16 +146,23 @@ pub fn open(spec: &DeviceSpec, link: Box<dyn LinkPort>) -> Result<Backend, OpenE
         handle,
         inline,
     };
-    if inline::threaded_from_env() {
-        log::debug!("{}: threaded emulated card ({CARD_ENV})", spec.name);
+    if mode == CardMode::Threaded {
+        log::debug!("{}: threaded emulated card", spec.name);
         let InProcessCard {
             nic,
             regs,
             dma,
             mem,
-            ..
+            map,
         } = InProcessCard::start(config, link).map_err(failed)?;
-        return Ok(backend(regs, dma, mem, Box::new(Handle(nic)), None));
+        let remote = Arc::new(RemoteMappings::new(map));
+        return Ok(backend(
+            regs,
+            dma,
+            mem,
+            Box::new(Handle { nic, remote }),
+            None,
+        ));
     }
     let SimInlineCard {
         nic,
@@ -110,12 +170,14 @@ pub fn open(spec: &DeviceSpec, link: Box<dyn LinkPort>) -> Result<Backend, OpenE
         dma,
         mem,
     } = SimInlineCard::start(config, link).map_err(failed)?;
+    // The card's map: the one its DMA and user memory are entered into.
+    let remote = Arc::new(RemoteMappings::new(mem.map().clone()));
     let card: Arc<dyn InlineCard> = nic.clone();
     Ok(backend(
         regs,
         dma,
         mem,
-        Box::new(InlineHandle(nic)),
+        Box::new(InlineHandle { nic, remote }),
         Some(card),
     ))
 }

@@ -18,6 +18,13 @@
 //!
 //! Each backend has its own timer and window defaults ([`Tuning`]): the card answers
 //! commands in microseconds, the simulator's DMA socket moves about 2 MB/s.
+//!
+//! A process that owns a backend for others (a daemon whose clients run their engines in
+//! their own processes) hands the clients' memory to the card with
+//! [`BackendHandle::remote_memory`]: the emulated card and the RTL simulator's DMA client
+//! reach it with `process_vm_readv`/`process_vm_writev` at device addresses of an IOVA
+//! window (`bluerdma_sim::mem::RemoteMappings`); the PCI card has none (it reaches physical
+//! memory, which a client pins and translates itself).
 
 #[cfg(feature = "emulator")]
 pub mod emulated;
@@ -239,6 +246,44 @@ pub enum BufferKind {
     HugePages,
 }
 
+/// Memory of other processes, made reachable by the card (see the module documentation).
+pub trait RemoteMemory: Send + Sync {
+    /// Makes `len` bytes at `va` in process `pid` reachable by the card; returns their
+    /// device address (same offset within `page`).
+    ///
+    /// The range must be mapped readable in that process now; the card's writes to it fail
+    /// (as DMA faults) where it is not writable. Errors: `NotMapped` (its first byte that is
+    /// not mapped), `NotPermitted` (the ptrace rules refuse this process access to that
+    /// one), `Os(ESRCH)` (no such process), `Os(EINVAL)` (a pid that is not positive or a
+    /// range that wraps), `OutOfMemory` (no device addresses left).
+    fn map(
+        &self,
+        pid: i32,
+        va: u64,
+        len: usize,
+        page: PageSize,
+    ) -> Result<DeviceAddr, PlatformError>;
+    /// Undoes a `map` (by the returned address); unknown addresses are ignored. Once it
+    /// returns, the card no longer reaches the range.
+    fn unmap(&self, dev: DeviceAddr);
+}
+
+#[cfg(any(feature = "emulator", feature = "rtl"))]
+impl RemoteMemory for bluerdma_sim::mem::RemoteMappings {
+    fn map(
+        &self,
+        pid: i32,
+        va: u64,
+        len: usize,
+        page: PageSize,
+    ) -> Result<DeviceAddr, PlatformError> {
+        bluerdma_sim::mem::RemoteMappings::map(self, pid, va, len, page)
+    }
+    fn unmap(&self, dev: DeviceAddr) {
+        bluerdma_sim::mem::RemoteMappings::unmap(self, dev);
+    }
+}
+
 /// What keeps a backend alive while its device is open, and what it can tell about itself.
 /// Dropped after the engine.
 pub trait BackendHandle: Send {
@@ -254,6 +299,12 @@ pub trait BackendHandle: Send {
     /// u-dma-buf memory that outlives the process; the emulated card is stopped, and so
     /// finishes what it fetched, before the buffers go).
     fn tx_frame_bytes_read(&self) -> Option<u64> {
+        None
+    }
+
+    /// Where the card can reach memory of other processes ([`RemoteMemory`]); `None` where
+    /// it cannot (the PCI card). Every call gives the same mappings.
+    fn remote_memory(&self) -> Option<Arc<dyn RemoteMemory>> {
         None
     }
 }

@@ -2,24 +2,28 @@
 //! `shared/spec/rtl-sim-protocol.md`): registers over the CSR socket, host memory served to
 //! the card over the DMA socket from this process's address map
 //! ([`bluerdma_sim::serve::RtlAttach`]). The same client talks to the cocotb simulation of
-//! the RTL and to the emulated card of `bluerdma-sim serve`.
+//! the RTL and to the emulated card of `bluerdma-sim serve`. The map may hold memory of
+//! other processes too ([`BackendHandle::remote_memory`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bluerdma_core::addr::DeviceAddr;
+use bluerdma_sim::mem::RemoteMappings;
 use bluerdma_sim::rtl::{CsrClientConfig, DmaClient, DmaClientConfig, RetryPolicy};
 use bluerdma_sim::serve::RtlAttach;
 
 use super::{
     register_counters, Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs,
-    OpenError, RtlConfig,
+    OpenError, RemoteMemory, RtlConfig,
 };
 
 /// Keeps the DMA client's thread answering the card, and reads the card's counters.
 struct Handle {
     dma: DmaClient,
     regs: DynRegs,
+    /// Other processes' memory in the map the DMA client answers from.
+    remote: Arc<RemoteMappings>,
 }
 
 impl BackendHandle for Handle {
@@ -37,6 +41,10 @@ impl BackendHandle for Handle {
 
     fn tx_frame_bytes_read(&self) -> Option<u64> {
         Some(self.dma.stats().watched_bytes_read)
+    }
+
+    fn remote_memory(&self) -> Option<Arc<dyn RemoteMemory>> {
+        Some(self.remote.clone())
     }
 }
 
@@ -77,8 +85,8 @@ pub fn open(name: &str, cfg: &RtlConfig) -> Result<Backend, OpenError> {
         regs,
         dma,
         mem,
+        map,
         dma_client,
-        ..
     } = attach;
     let regs = DynRegs(Arc::new(regs));
     Ok(Backend {
@@ -91,6 +99,7 @@ pub fn open(name: &str, cfg: &RtlConfig) -> Result<Backend, OpenError> {
         handle: Box::new(Handle {
             dma: dma_client,
             regs,
+            remote: Arc::new(RemoteMappings::new(map)),
         }),
         inline: None,
     })

@@ -5,10 +5,14 @@ use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use bluerdma_core::addr::DeviceAddr;
+use bluerdma_core::platform::PlatformError;
 
+use super::remote::{RemoteRegion, RemoteRegions};
 use super::DmaPort;
 
-/// A DMA access that fell outside every region the driver handed to the card.
+/// A DMA access that fell outside every region the driver handed to the card, or that hit a
+/// region of another process whose memory could not take it (unmapped there, or the
+/// process gone: a warning names the reason).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DmaFault {
     /// The device address of the access.
@@ -48,6 +52,12 @@ pub struct Region {
 ///
 /// Regions may overlap (an application may register the same buffer twice); an access is
 /// allowed when one region covers all of it.
+///
+/// Besides this process's memory ([`AddressMap::insert`]) the map may hold regions of other
+/// processes ([`AddressMap::insert_remote`], see [`RemoteRegion`]). Local regions are
+/// looked up first, exactly as when there are no remote ones; the remote ones only when no
+/// local region covers an access. The map serves reads and writes only: atomics are the
+/// driver's (`MemoryResolver::atomic`), and there are none on remote regions.
 #[derive(Clone, Default)]
 pub struct AddressMap {
     inner: Arc<RwLock<Regions>>,
@@ -58,16 +68,23 @@ struct Regions {
     by_start: BTreeMap<u64, Vec<Region>>,
     /// The longest region ever mapped: bounds the backward search of a lookup.
     max_len: u64,
+    /// Regions of other processes.
+    remote: RemoteRegions,
 }
 
 impl fmt::Debug for AddressMap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self
+        let (n, remote) = self
             .inner
             .read()
-            .map(|r| r.by_start.values().map(Vec::len).sum::<usize>())
-            .unwrap_or(0);
-        write!(f, "AddressMap({n} regions)")
+            .map(|r| {
+                (
+                    r.by_start.values().map(Vec::len).sum::<usize>(),
+                    r.remote.count(),
+                )
+            })
+            .unwrap_or((0, 0));
+        write!(f, "AddressMap({n} regions, {remote} remote)")
     }
 }
 
@@ -105,7 +122,44 @@ impl AddressMap {
         r
     }
 
-    /// The region that contains all of `[addr, addr + len)`, if any.
+    /// Maps `len` bytes at `va` in process `pid` (its pid, not a thread's) at device
+    /// address `dev`: the card's accesses to them are `process_vm_readv`/`process_vm_writev`
+    /// calls on that process, and fail (a [`DmaFault`]) where it has no readable (writable)
+    /// memory, or once it has exited.
+    ///
+    /// Errors: `Os(EINVAL)` for a pid that is not positive or a range that wraps,
+    /// `Os(ESRCH)` when there is no such process.
+    pub fn insert_remote(
+        &self,
+        dev: DeviceAddr,
+        pid: i32,
+        va: u64,
+        len: usize,
+    ) -> Result<(), PlatformError> {
+        let mut map = self
+            .inner
+            .write()
+            .map_err(|_| PlatformError::Os(libc::EIO))?;
+        map.remote.insert(RemoteRegion {
+            dev: dev.0,
+            pid,
+            va,
+            len,
+        })
+    }
+
+    /// Unmaps the most recently mapped remote region that starts at `dev`; returns it if
+    /// there was one. An access to it in progress finishes before this returns.
+    pub fn remove_remote(&self, dev: DeviceAddr) -> Option<RemoteRegion> {
+        self.inner.write().ok()?.remote.remove(dev.0)
+    }
+
+    /// The remote region that contains all of `[addr, addr + len)`, if any.
+    pub fn lookup_remote(&self, addr: DeviceAddr, len: usize) -> Option<RemoteRegion> {
+        self.inner.read().ok()?.remote.lookup(addr.0, len)
+    }
+
+    /// The local region that contains all of `[addr, addr + len)`, if any.
     pub fn lookup(&self, addr: DeviceAddr, len: usize) -> Option<Region> {
         let map = self.inner.read().ok()?;
         Self::find(&map, addr, len)
@@ -122,14 +176,16 @@ impl AddressMap {
             .copied()
     }
 
-    /// Runs `f` with the CPU address of device address `addr`, holding the map so that the
-    /// region cannot be removed meanwhile.
+    /// Runs `f` on where device address `addr` is, holding the map so that the region cannot
+    /// be removed meanwhile: the CPU address in a local region that covers the access, or
+    /// else the remote regions (if there are any). `f` says whether it made the access.
+    #[inline(always)]
     fn with_cpu(
         &self,
         addr: DeviceAddr,
         len: usize,
         is_write: bool,
-        f: impl FnOnce(usize),
+        f: impl FnOnce(Target<'_>) -> bool,
     ) -> Result<(), DmaFault> {
         let fault = DmaFault {
             addr,
@@ -137,29 +193,49 @@ impl AddressMap {
             is_write,
         };
         let map = self.inner.read().map_err(|_| fault)?;
-        let r = Self::find(&map, addr, len).ok_or(fault)?;
-        f(r.cpu + (addr.0 - r.dev) as usize);
-        Ok(())
+        let done = match Self::find(&map, addr, len) {
+            Some(r) => f(Target::Local(r.cpu + (addr.0 - r.dev) as usize)),
+            None => !map.remote.is_empty() && f(Target::Remote(&map.remote)),
+        };
+        done.then_some(()).ok_or(fault)
     }
 
     /// Copies `buf.len()` bytes from device address `addr`.
     pub fn read(&self, addr: DeviceAddr, buf: &mut [u8]) -> Result<(), DmaFault> {
-        self.with_cpu(addr, buf.len(), false, |src| {
-            // SAFETY: `with_cpu` proved the range lies inside a region whose owner promised
-            // (at `insert`) that it stays valid until removed, and holds the map so it cannot
-            // be removed during the copy. Card and driver may touch the bytes concurrently,
-            // as with real DMA; they are plain data.
-            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, buf.as_mut_ptr(), buf.len()) }
+        self.with_cpu(addr, buf.len(), false, |at| match at {
+            Target::Local(src) => {
+                // SAFETY: `with_cpu` proved the range lies inside a region whose owner
+                // promised (at `insert`) that it stays valid until removed, and holds the map
+                // so it cannot be removed during the copy. Card and driver may touch the
+                // bytes concurrently, as with real DMA; they are plain data.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src as *const u8, buf.as_mut_ptr(), buf.len())
+                };
+                true
+            }
+            Target::Remote(remote) => remote.read(addr, buf),
         })
     }
 
     /// Copies `data` to device address `addr`.
     pub fn write(&self, addr: DeviceAddr, data: &[u8]) -> Result<(), DmaFault> {
-        self.with_cpu(addr, data.len(), true, |dst| {
-            // SAFETY: as in `read`: the range is inside a live region valid for writes.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) }
+        self.with_cpu(addr, data.len(), true, |at| match at {
+            Target::Local(dst) => {
+                // SAFETY: as in `read`: the range is inside a live region valid for writes.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst as *mut u8, data.len()) };
+                true
+            }
+            Target::Remote(remote) => remote.write(addr, data),
         })
     }
+}
+
+/// Where an access goes.
+enum Target<'a> {
+    /// This CPU address.
+    Local(usize),
+    /// Into the remote region that covers it, if any.
+    Remote(&'a RemoteRegions),
 }
 
 impl DmaPort for AddressMap {

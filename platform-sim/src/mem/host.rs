@@ -26,7 +26,7 @@ use super::AddressMap;
 pub const DEVICE_OFFSET: u64 = 1 << 46;
 
 /// User-space addresses end below this (x86-64 and AArch64 with 48-bit addressing).
-const USER_LIMIT: u64 = 1 << 47;
+pub(super) const USER_LIMIT: u64 = 1 << 47;
 
 /// The emulated device address of virtual address `va`.
 pub fn device_addr_of(va: u64) -> DeviceAddr {
@@ -46,6 +46,11 @@ impl HostDma {
             map,
             layouts: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The card's map the buffers are entered into.
+    pub fn map(&self) -> &AddressMap {
+        &self.map
     }
 }
 
@@ -101,6 +106,11 @@ impl HostMemory {
             map,
             writable: Vec::new(),
         }
+    }
+
+    /// The card's map the pinned ranges are entered into.
+    pub fn map(&self) -> &AddressMap {
+        &self.map
     }
 }
 

@@ -5,13 +5,22 @@
 //! [`AddressMap`] of the regions the driver handed to the card (ring buffers, staging
 //! buffers, registered MRs), so a wrong address from a buggy driver is a counted DMA fault,
 //! not a crash. Over the RTL protocol the same map translates the simulator's DMA requests.
+//!
+//! The map may also hold regions of other processes ([`RemoteRegion`], reached with
+//! `process_vm_readv`/`process_vm_writev`): a daemon that owns the card serves clients
+//! whose memory it maps with [`RemoteMappings`], at device addresses of an IOVA window
+//! ([`IovaWindow`]) above every local one.
 
 mod address_map;
 mod host;
+mod iova;
 pub mod mappings;
+mod remote;
 
 pub use address_map::{AddressMap, DmaFault, Region};
 pub use host::{device_addr_of, HostDma, HostMemory, DEVICE_OFFSET};
+pub use iova::{IovaWindow, IOVA_BASE, IOVA_END};
+pub use remote::{RemoteMappings, RemoteRegion};
 
 use bluerdma_core::addr::DeviceAddr;
 
