@@ -395,6 +395,18 @@ pub trait OobTransport {
     }
     /// Takes the next event, if any. Never blocks.
     fn poll(&mut self) -> Option<OobEvent>;
+    /// The local QP `local` is now connected to QP `peer_qpn` of the device at `peer` (it
+    /// reached RTR). Records about a connection name the peer's QPN; a transport shared by
+    /// several engines (the relay of a device shared between processes) routes them by
+    /// this. The default does nothing.
+    fn bind(&mut self, local: crate::keys::Qpn, peer: Ipv4Addr, peer_qpn: crate::keys::Qpn) {
+        let _ = (local, peer, peer_qpn);
+    }
+    /// The local QP `local` is no longer connected (reset or destroyed). The default does
+    /// nothing.
+    fn unbind(&mut self, local: crate::keys::Qpn) {
+        let _ = local;
+    }
 }
 
 /// The out-of-band transport of a platform that has none (yet): announcing a receive WR

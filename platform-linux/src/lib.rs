@@ -34,6 +34,8 @@ pub mod pci;
 pub mod perf;
 #[cfg(feature = "emulator")]
 pub mod scenarios;
+#[cfg(feature = "emulator")]
+pub mod shared;
 pub mod storage;
 pub mod umem;
 pub mod verbs;

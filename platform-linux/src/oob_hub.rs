@@ -119,4 +119,15 @@ impl OobTransport for DynOob {
     fn poll(&mut self) -> Option<OobEvent> {
         self.0.poll()
     }
+    fn bind(
+        &mut self,
+        local: bluerdma_core::keys::Qpn,
+        peer: Ipv4Addr,
+        peer_qpn: bluerdma_core::keys::Qpn,
+    ) {
+        self.0.bind(local, peer, peer_qpn)
+    }
+    fn unbind(&mut self, local: bluerdma_core::keys::Qpn) {
+        self.0.unbind(local)
+    }
 }

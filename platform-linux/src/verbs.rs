@@ -24,7 +24,7 @@ use std::time::Duration;
 use bluerdma_core::addr::{PageSize, VirtAddr};
 use bluerdma_core::desc::{AccessFlags, MacAddr};
 use bluerdma_core::engine::{
-    AsyncEvent, Device, DeviceConfig, EngineStats, QpCaps, VerbsError, WorkCompletion,
+    AsyncEvent, Device, DeviceConfig, EngineStats, QpCaps, TableWindows, VerbsError, WorkCompletion,
 };
 use bluerdma_core::keys::MrKey;
 use bluerdma_core::platform::OobTransport;
@@ -277,6 +277,17 @@ impl Context {
         backend: Backend,
         oob: Option<Box<dyn OobTransport + Send>>,
     ) -> Result<Context, OpenError> {
+        Self::open_backend_in(spec, backend, oob, TableWindows::WHOLE)
+    }
+
+    /// [`Context::open_backend`] for an engine that owns only `windows` of the card's
+    /// tables (a process sharing the device, [`crate::shared`]).
+    pub fn open_backend_in(
+        spec: DeviceSpec,
+        backend: Backend,
+        oob: Option<Box<dyn OobTransport + Send>>,
+        windows: TableWindows,
+    ) -> Result<Context, OpenError> {
         if !card_takes_first_psn(spec.wire_psn_start) {
             return Err(OpenError::new(
                 &spec.name,
@@ -299,6 +310,7 @@ impl Context {
         cfg.command_timeout = Nanos(tuning.command_timeout.as_nanos() as u64);
         cfg.ack_timeout_min = Nanos(tuning.ack_timeout_min.as_nanos() as u64);
         cfg.send_window = tuning.send_window.max(1);
+        cfg.windows = windows;
         let epoch = std::time::Instant::now();
         let mut clock = || Instant(epoch.elapsed().as_nanos() as u64);
         let mut dev = Device::open(

@@ -5,6 +5,7 @@
 
 pub mod raw;
 pub mod served;
+pub mod shared;
 
 use std::net::Ipv4Addr;
 

@@ -493,6 +493,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.qp(i).resp.card_reset();
         }
         if next == QpState::Reset && state != QpState::Reset {
+            let qpn = self.qp(i).attrs.qpn;
+            if let Some(oob) = self.oob.as_mut() {
+                crate::platform::OobTransport::unbind(oob, qpn);
+            }
             self.forget_card_update(i);
             let a = self.qp(i).attrs;
             let sq = self.qp(i).req.sq;
@@ -510,6 +514,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         self.qp(i).attrs.state = next;
         if next == QpState::Rtr && state != QpState::Rtr {
+            let a = self.qp(i).attrs;
+            if let Some(oob) = self.oob.as_mut() {
+                crate::platform::OobTransport::bind(oob, a.qpn, a.peer_ip, a.dest_qpn);
+            }
             let now = clock();
             self.connected(i, now);
         }
@@ -544,6 +552,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         self.wait_send_fetched(posted, DESTROY_WAIT, clock)?;
         self.forget_card_update(i);
         self.manage_qp(i, false, clock)?;
+        let qpn = self.qp(i).attrs.qpn;
+        if let Some(oob) = self.oob.as_mut() {
+            crate::platform::OobTransport::unbind(oob, qpn);
+        }
         self.qp(i).attrs.state = QpState::Err;
         self.flush_qp(i);
         self.free_qp(i);

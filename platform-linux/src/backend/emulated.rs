@@ -39,6 +39,10 @@ impl BackendHandle for Handle {
         card_counters(self.nic.shared())
     }
 
+    fn valid_entries(&self) -> Option<(usize, usize)> {
+        Some(self.nic.shared().state().tables.valid_counts())
+    }
+
     fn remote_memory(&self) -> Option<Arc<dyn RemoteMemory>> {
         Some(self.remote.clone())
     }
@@ -53,6 +57,10 @@ struct InlineHandle {
 impl BackendHandle for InlineHandle {
     fn card_stats(&self) -> String {
         card_counters(self.nic.shared())
+    }
+
+    fn valid_entries(&self) -> Option<(usize, usize)> {
+        Some(self.nic.shared().state().tables.valid_counts())
     }
 
     fn remote_memory(&self) -> Option<Arc<dyn RemoteMemory>> {

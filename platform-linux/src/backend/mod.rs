@@ -307,6 +307,12 @@ pub trait BackendHandle: Send {
     fn remote_memory(&self) -> Option<Arc<dyn RemoteMemory>> {
         None
     }
+
+    /// How many QP contexts and MR entries the card holds valid, where the backend can read
+    /// its tables (the emulated card); `None` elsewhere.
+    fn valid_entries(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// The card's non-zero register counters (0x400..), read through `regs`.

@@ -27,6 +27,10 @@ pub fn open(
     spec: DeviceSpec,
     settings: &Settings,
 ) -> Result<Context, OpenError> {
+    #[cfg(feature = "emulator")]
+    if crate::shared::wanted(entry) {
+        return crate::shared::open(entry, spec, settings);
+    }
     let mut backend = open_backend(entry, &spec, settings)?;
     let o = &entry.options;
     let t = &mut backend.tuning;
@@ -47,7 +51,7 @@ pub fn open(
     Ok(ctx)
 }
 
-fn open_backend(
+pub(crate) fn open_backend(
     entry: &DeviceEntry,
     spec: &DeviceSpec,
     settings: &Settings,
@@ -104,7 +108,7 @@ fn emulated(spec: &DeviceSpec, _: &Settings) -> Result<Backend, OpenError> {
 
 /// The device's out-of-band channel, and the handle that tells it whom to wake when
 /// records arrive.
-fn open_oob(
+pub(crate) fn open_oob(
     list: &DeviceList,
     entry: &DeviceEntry,
     spec: &DeviceSpec,

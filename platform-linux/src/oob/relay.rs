@@ -975,6 +975,27 @@ impl<S: RelayStream> OobTransport for RelayClient<S> {
         self.read();
         self.events.pop_front()
     }
+
+    fn bind(
+        &mut self,
+        local: bluerdma_core::keys::Qpn,
+        peer: Ipv4Addr,
+        peer_qpn: bluerdma_core::keys::Qpn,
+    ) {
+        if let Err(e) = RelayClient::bind(self, local.get(), peer, peer_qpn.get()) {
+            log::warn!(
+                "relay: binding QP {:#x} to {peer} QP {:#x}: {e:?}",
+                local.get(),
+                peer_qpn.get()
+            );
+        }
+    }
+
+    fn unbind(&mut self, local: bluerdma_core::keys::Qpn) {
+        if let Err(e) = RelayClient::unbind(self, local.get()) {
+            log::warn!("relay: unbinding QP {:#x}: {e:?}", local.get());
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------

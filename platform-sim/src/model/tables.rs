@@ -87,6 +87,15 @@ impl Tables {
         }
     }
 
+    /// How many QP contexts and MR entries are valid (what a process that shared the card
+    /// and died must not leave behind).
+    pub fn valid_counts(&self) -> (usize, usize) {
+        (
+            self.qps.iter().filter(|q| q.valid).count(),
+            self.mrs.iter().filter(|m| m.valid).count(),
+        )
+    }
+
     /// The translation page size.
     pub fn page_size(&self) -> PageSize {
         self.page

@@ -21,6 +21,16 @@
 //! its IP at that port), so SEND/RECV work.
 //! - `QUIT`, or the end of stdin: exits 0.
 //!
+//! - `WRITE raddr=<hex> rkey=<hex> off=<n> len=<n>`: RDMA WRITEs that part of the MR to
+//!   the peer's memory and waits for its completion; answers `DONE status=<code>`.
+//! - `STREAM raddr=<hex> rkey=<hex> len=<n> count=<n>`: posts `count` WRITEs of `len`
+//!   bytes from the MR's start and answers `POSTED` at once (traffic in flight, for a test
+//!   that kills this process).
+//!
+//! `verbs_peer shared <device> <mr-bytes> <watchdog-seconds>` opens `<device>` of
+//! `BLUERDMA_DEVICES` through its daemon instead (many processes on one device; the
+//! environment must carry `BLUERDMA_SHARED=1`), with the same commands.
+//!
 //! A bad line is answered `ERR <why>`. Whatever happens, the process exits after
 //! `watchdog-seconds` (status 3) so that a test run never leaves it behind.
 
@@ -29,13 +39,33 @@ use std::net::Ipv4Addr;
 use std::process::exit;
 use std::time::Duration;
 
-use bluerdma_core::keys::Qpn;
+use bluerdma_core::engine::SendOp;
+use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_linux::{Context, DeviceSpec, Endpoint, Mr, Qp};
 use bluerdma_sim::link::{UdpLink, UdpLinkConfig};
-use bluerdma_tests::{fill_pattern, line_field, parse_hex, pattern_byte, pattern_mismatch, ALL};
+use bluerdma_tests::{
+    fill_pattern, line_field, parse_hex, pattern_byte, pattern_mismatch, raw_wr, ALL,
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("shared") {
+        let [_, device, mr_bytes, watchdog] = args.as_slice() else {
+            eprintln!("usage: verbs_peer shared <device> <mr-bytes> <watchdog-seconds>");
+            exit(2);
+        };
+        let (Ok(mr_bytes), Ok(watchdog)) = (mr_bytes.parse::<usize>(), watchdog.parse::<u64>())
+        else {
+            eprintln!("verbs_peer: bad arguments {args:?}");
+            exit(2);
+        };
+        watchdog_thread(watchdog);
+        let ctx =
+            bluerdma_tests::shared::open(device).unwrap_or_else(|e| fail(&format!("open: {e}")));
+        let ip = ctx.spec().ip;
+        serve(ctx, ip, mr_bytes);
+        return;
+    }
     let [ip, port, mr_bytes, watchdog] = args.as_slice() else {
         eprintln!("usage: verbs_peer <ip> <udp-port> <mr-bytes> <watchdog-seconds>");
         exit(2);
@@ -49,11 +79,7 @@ fn main() {
         eprintln!("verbs_peer: bad arguments {args:?}");
         exit(2);
     };
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(watchdog));
-        eprintln!("verbs_peer: watchdog: {watchdog} s passed, exiting");
-        exit(3);
-    });
+    watchdog_thread(watchdog);
     let mut out = io::stdout().lock();
     let link = match UdpLink::bind(UdpLinkConfig::new(ip).with_port(port)) {
         Ok(l) => l,
@@ -75,6 +101,21 @@ fn main() {
         });
     let ctx = Context::open_emulated_with_oob(DeviceSpec::new("peer", ip), Box::new(link), oob)
         .unwrap_or_else(|e| fail(&format!("open: {e}")));
+    drop(out);
+    serve(ctx, ip, mr_bytes);
+}
+
+fn watchdog_thread(watchdog: u64) {
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(watchdog));
+        eprintln!("verbs_peer: watchdog: {watchdog} s passed, exiting");
+        exit(3);
+    });
+}
+
+/// Makes the QP and the MR on `ctx` and answers commands until QUIT.
+fn serve(ctx: Context, ip: Ipv4Addr, mr_bytes: usize) {
+    let mut out = io::stdout().lock();
     let pd = ctx.alloc_pd().unwrap_or_else(|e| fail(&format!("{e}")));
     let cq = ctx.create_cq().unwrap_or_else(|e| fail(&format!("{e}")));
     let qp = pd
@@ -103,6 +144,8 @@ fn main() {
             Some("DUMP") => Ok(ctx.dump().trim_end().replace('\n', " | ")),
             Some("RECV") => recv(&qp, &mr, &line),
             Some("WAITRECV") => wait_recv(&cq),
+            Some("WRITE") => write(&qp, &cq, &mr, &line),
+            Some("STREAM") => stream(&qp, &mr, &line),
             _ => Err(format!("unknown command {line:?}")),
         };
         let _ = match reply {
@@ -201,6 +244,56 @@ fn wait_recv(cq: &bluerdma_linux::Cq) -> Result<String, String> {
         "RECVD wr={} len={} status={}",
         w.wr_id, w.byte_len, w.status as u32
     ))
+}
+
+fn remote(line: &str) -> Result<(u64, MrKey), String> {
+    let raddr = line_field(line, "raddr")
+        .and_then(parse_hex)
+        .ok_or("raddr=<hex> missing")?;
+    let rkey = line_field(line, "rkey")
+        .and_then(parse_hex)
+        .ok_or("rkey=<hex> missing")?;
+    Ok((raddr, MrKey::from_raw(rkey as u32)))
+}
+
+fn write(qp: &Qp, cq: &bluerdma_linux::Cq, mr: &Mr, line: &str) -> Result<String, String> {
+    let r = range(mr.len(), line)?;
+    let (raddr, rkey) = remote(line)?;
+    let wr = raw_wr(
+        1,
+        SendOp::Write,
+        (mr.addr() + r.start as u64, mr.key()),
+        r.len(),
+        (raddr, rkey),
+    );
+    // SAFETY: the MR lives until the process exits.
+    unsafe { qp.post_send(&[wr]) }.map_err(|(_, e)| e.to_string())?;
+    let got = cq
+        .wait(1, Duration::from_secs(30))
+        .map_err(|e| e.to_string())?;
+    let w = got.first().ok_or("no completion within 30 s")?;
+    Ok(format!("DONE status={}", w.status as u32))
+}
+
+fn stream(qp: &Qp, mr: &Mr, line: &str) -> Result<String, String> {
+    let len = (num(line, "len")? as usize).min(mr.len());
+    let count = num(line, "count")?;
+    let (raddr, rkey) = remote(line)?;
+    for k in 0..count {
+        let mut wr = raw_wr(
+            100 + k,
+            SendOp::Write,
+            (mr.addr(), mr.key()),
+            len,
+            (raddr, rkey),
+        );
+        wr.signaled = false;
+        // SAFETY: the MR lives until the process exits.
+        if let Err((_, e)) = unsafe { qp.post_send(&[wr]) } {
+            return Ok(format!("POSTED {k} ({e})"));
+        }
+    }
+    Ok("POSTED".into())
 }
 
 fn zero(mr: &Mr, line: &str) -> Result<String, String> {

@@ -1,0 +1,421 @@
+//! A client of a shared device: its engine runs in this process on its own virtual ring set
+//! (the register page), its memory is reached by the card through the daemon's mappings,
+//! and its out-of-band records go through the daemon's relay.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bluerdma_core::addr::{DeviceAddr, PageSize, VirtAddr};
+use bluerdma_core::engine::TableWindows;
+use bluerdma_core::oob::AtomicOp;
+use bluerdma_core::platform::{
+    atomic_in_place, pinned_at, write_in_place, DmaAllocator, DmaBuffer, MemoryResolver,
+    PlatformError,
+};
+
+use super::page::{wait_reports, ClientRegs, HubLayout, Page, PageLayout, PAGE_LEN, PAGE_MAGIC};
+use super::proto::{read_frame, write_frame, Reply, Request, Welcome, VERSION};
+use super::sys::{recv_with_fd, Segment};
+use crate::backend::{
+    Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs, InlineCard, Tuning,
+};
+
+/// The control connection: one request and its reply at a time.
+pub struct Control {
+    sock: Mutex<UnixStream>,
+    name: String,
+}
+
+impl Control {
+    /// Sends `req` and waits for the reply (a refusal becomes the error).
+    pub fn call(&self, req: &Request) -> io::Result<Reply> {
+        let mut s = self.sock.lock().unwrap_or_else(|e| e.into_inner());
+        write_frame(&mut *s, &req.encode())?;
+        let reply = Reply::decode(&read_frame(&mut *s)?)?;
+        if let Reply::Fail { errno, msg } = &reply {
+            return Err(io::Error::from_raw_os_error(*errno)).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("{}: the daemon refused: {msg}", self.name),
+                )
+            });
+        }
+        Ok(reply)
+    }
+
+    fn map(
+        &self,
+        va: u64,
+        len: u64,
+        page: PageSize,
+        dma: bool,
+    ) -> Result<DeviceAddr, PlatformError> {
+        match self.call(&Request::Map {
+            va,
+            len,
+            page_shift: page.shift() as u8,
+            dma,
+        }) {
+            Ok(Reply::Mapped { dev }) => Ok(DeviceAddr(dev)),
+            Ok(other) => {
+                log::error!("{}: map answered with {other:?}", self.name);
+                Err(PlatformError::NotMapped { va: VirtAddr(va) })
+            }
+            Err(e) => {
+                log::warn!("{}: map of {len} bytes at {va:#x}: {e}", self.name);
+                Err(PlatformError::NotMapped { va: VirtAddr(va) })
+            }
+        }
+    }
+
+    fn unmap(&self, dev: DeviceAddr) {
+        if let Err(e) = self.call(&Request::Unmap { dev: dev.0 }) {
+            log::warn!("{}: unmap of {:#x}: {e}", self.name, dev.0);
+        }
+    }
+}
+
+/// A connected client: what the backend parts share.
+pub struct Session {
+    /// The control connection.
+    pub control: Arc<Control>,
+    /// The welcome.
+    pub welcome: Welcome,
+    /// The register page.
+    pub page: Arc<Page<PageLayout>>,
+    /// The daemon's hub page.
+    pub hub: Arc<Page<HubLayout>>,
+}
+
+impl Session {
+    /// Says hello on `sock` (connected to the daemon) for an engine with pages of `page`.
+    pub fn start(name: &str, sock: UnixStream, page: PageSize) -> io::Result<Session> {
+        sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut s = &sock;
+        write_frame(
+            &mut s,
+            &Request::Hello {
+                version: VERSION,
+                page_shift: page.shift() as u8,
+            }
+            .encode(),
+        )?;
+        let welcome = match Reply::decode(&read_frame(&mut s)?)? {
+            Reply::Welcome(w) => w,
+            Reply::Fail { errno, msg } => {
+                return Err(io::Error::new(
+                    io::Error::from_raw_os_error(errno).kind(),
+                    format!("the daemon refused: {msg}"),
+                ))
+            }
+            other => {
+                return Err(io::Error::other(format!(
+                    "expected a welcome, got {other:?}"
+                )))
+            }
+        };
+        let page = Arc::new(Page::<PageLayout>::new(take_segment(&sock)?)?);
+        let hub = Arc::new(Page::<HubLayout>::new(take_segment(&sock)?)?);
+        if page.get().magic.load(Ordering::Acquire) != PAGE_MAGIC
+            || hub.get().magic.load(Ordering::Acquire) != PAGE_MAGIC
+        {
+            return Err(io::Error::other("the daemon's pages are not initialised"));
+        }
+        sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok(Session {
+            control: Arc::new(Control {
+                sock: Mutex::new(sock),
+                name: name.to_string(),
+            }),
+            welcome,
+            page,
+            hub,
+        })
+    }
+
+    /// The client's share of the card's tables.
+    pub fn windows(&self) -> TableWindows {
+        let w = &self.welcome;
+        TableWindows {
+            qp_index: w.qp_index.0..w.qp_index.1,
+            mr_index: w.mr_index.0..w.mr_index.1,
+            pgt: w.pgt.0..w.pgt.1,
+        }
+    }
+
+    /// The backend parts for an engine with pages of `page`.
+    pub fn backend(&self, page: PageSize) -> Backend {
+        let w = &self.welcome;
+        let kind = match w.kind {
+            1 => BackendKind::Rtl,
+            2 => BackendKind::Pci,
+            _ => BackendKind::Emulated,
+        };
+        let card = Arc::new(SharedCard {
+            page: Arc::clone(&self.page),
+        });
+        Backend {
+            kind,
+            regs: DynRegs(Arc::new(ClientRegs::new(
+                Arc::clone(&self.page),
+                Arc::clone(&self.hub),
+            ))),
+            dma: DynDma(Box::new(ClientDma {
+                control: Arc::clone(&self.control),
+                layouts: Mutex::new(HashMap::new()),
+            })),
+            mem: DynMem(Box::new(ClientMem {
+                control: Arc::clone(&self.control),
+                page,
+                pins: Vec::new(),
+            })),
+            tuning: Tuning {
+                command_timeout: Duration::from_nanos(w.command_timeout_ns),
+                ack_timeout_min: Duration::from_nanos(w.ack_timeout_min_ns),
+                send_window: w.send_window,
+            },
+            buffers: BufferKind::Heap,
+            handle: Box::new(ClientHandle {
+                _control: Arc::clone(&self.control),
+                page: Arc::clone(&self.page),
+            }),
+            inline: Some(card),
+        }
+    }
+}
+
+fn take_segment(sock: &UnixStream) -> io::Result<Segment> {
+    let mut p = [0u8; 4];
+    let fd = recv_with_fd(sock, &mut p)?;
+    let n = super::proto::frame_len(p)?;
+    let mut b = vec![0u8; n];
+    io::Read::read_exact(&mut &*sock, &mut b)?;
+    match (Reply::decode(&b)?, fd) {
+        (Reply::Fd, Some(fd)) => Segment::map(fd, PAGE_LEN),
+        (other, _) => Err(io::Error::other(format!("expected a page, got {other:?}"))),
+    }
+}
+
+/// The engine's DMA buffers: heap memory the daemon maps for the card.
+struct ClientDma {
+    control: Arc<Control>,
+    layouts: Mutex<HashMap<usize, (Layout, DeviceAddr)>>,
+}
+
+fn page_for(align: usize) -> PageSize {
+    if align > 64 << 10 {
+        PageSize::Size2M
+    } else if align > 4096 {
+        PageSize::Size64K
+    } else {
+        PageSize::Size4K
+    }
+}
+
+// SAFETY: `alloc` returns zeroed heap memory of the size and alignment asked for, valid
+// until `free`, at the device address the daemon mapped for exactly that range (with the
+// same offset within the alignment); `free` unmaps it before deallocating.
+unsafe impl DmaAllocator for ClientDma {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, PlatformError> {
+        let oom = PlatformError::OutOfMemory { requested: len };
+        let layout = Layout::from_size_align(len.max(1), align.max(4096)).map_err(|_| oom)?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        let cpu = NonNull::new(ptr).ok_or(oom)?;
+        let dev = match self
+            .control
+            .map(ptr as u64, len as u64, page_for(layout.align()), true)
+        {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: allocated above with `layout`, never handed out.
+                unsafe { dealloc(ptr, layout) };
+                return Err(e);
+            }
+        };
+        self.layouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ptr as usize, (layout, dev));
+        // SAFETY: `cpu` is valid for `len` bytes and the card reaches them at `dev`.
+        Ok(unsafe { DmaBuffer::new(cpu, dev, len) })
+    }
+
+    unsafe fn free(&self, buf: DmaBuffer) {
+        let ptr = buf.cpu().as_ptr();
+        let entry = self
+            .layouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(ptr as usize));
+        if let Some((layout, dev)) = entry {
+            self.control.unmap(dev);
+            // SAFETY: allocated by `alloc` with this layout; the caller no longer uses it
+            // and the card can no longer reach it.
+            unsafe { dealloc(ptr, layout) };
+        }
+    }
+}
+
+/// One registered range and the device address of its first byte.
+struct Pin {
+    va: u64,
+    len: u64,
+    write: bool,
+    dev: DeviceAddr,
+}
+
+/// User memory: registered ranges mapped by the daemon, page by page of the engine's size.
+struct ClientMem {
+    control: Arc<Control>,
+    page: PageSize,
+    pins: Vec<Pin>,
+}
+
+impl MemoryResolver for ClientMem {
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError> {
+        let end =
+            va.0.checked_add(len as u64)
+                .filter(|e| *e <= 1 << 47)
+                .ok_or(PlatformError::NotMapped { va })?;
+        bluerdma_sim::mem::mappings::check(va, len, write)?;
+        let _ = end;
+        // The daemon's device addresses keep each byte's offset within a page and reserve
+        // whole pages per mapping, so the page bases of the range are the mapping's too.
+        let dev = self
+            .control
+            .map(va.0, (len as u64).max(1), self.page, false)?;
+        self.pins.push(Pin {
+            va: va.0,
+            len: len as u64,
+            write,
+            dev,
+        });
+        Ok(())
+    }
+
+    fn unpin(&mut self, va: VirtAddr, len: usize) {
+        if let Some(k) = self
+            .pins
+            .iter()
+            .rposition(|p| p.va == va.0 && p.len == len as u64)
+        {
+            let p = self.pins.swap_remove(k);
+            self.control.unmap(p.dev);
+        }
+    }
+
+    fn translate(
+        &mut self,
+        va: VirtAddr,
+        page: PageSize,
+        out: &mut [DeviceAddr],
+    ) -> Result<(), PlatformError> {
+        // The engine translates from the page base of the MR's first byte.
+        let p = self.page.bytes();
+        let span = |pin: &Pin| (pin.va & !(p - 1), (pin.va + pin.len.max(1)).div_ceil(p) * p);
+        let pin = self
+            .pins
+            .iter()
+            .rev()
+            .find(|pin| {
+                let (first, last) = span(pin);
+                first <= va.0 && va.0 < last
+            })
+            .ok_or(PlatformError::NotMapped { va })?;
+        let (first, last) = span(pin);
+        for (slot, base) in out.iter_mut().zip(page.bases_from(va.0)) {
+            let base = base.ok_or(PlatformError::NotMapped { va })?.0;
+            if base < first || base >= last {
+                return Err(PlatformError::NotMapped { va: VirtAddr(base) });
+            }
+            *slot = DeviceAddr(pin.dev.0.wrapping_add(base).wrapping_sub(pin.va));
+        }
+        Ok(())
+    }
+
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        pinned_at(self.writable(), va, 8)?;
+        if va.0 % 8 != 0 {
+            return Err(PlatformError::NotMapped { va });
+        }
+        // SAFETY: aligned, inside a range pinned with `write`: this process's own memory,
+        // found mapped and writable at registration and kept valid while registered (the
+        // verbs contract).
+        Ok(unsafe { atomic_in_place(va, op) })
+    }
+
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        pinned_at(self.writable(), va, bytes.len() as u64)?;
+        // SAFETY: inside a range pinned with `write`, as for `atomic`.
+        unsafe { write_in_place(va, bytes) };
+        Ok(())
+    }
+}
+
+impl ClientMem {
+    fn writable(&self) -> Vec<(u64, u64)> {
+        self.pins
+            .iter()
+            .filter(|p| p.write)
+            .map(|p| (p.va, p.len))
+            .collect()
+    }
+}
+
+/// Keeps the connection (the daemon cleans up when it closes).
+struct ClientHandle {
+    _control: Arc<Control>,
+    page: Arc<Page<PageLayout>>,
+}
+
+impl BackendHandle for ClientHandle {
+    fn card_stats(&self) -> String {
+        let p = self.page.get();
+        format!(
+            "shared device: {} doorbells, {} reports",
+            p.doorbells.load(Ordering::Relaxed),
+            p.reports.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// The card as the client's progress thread sees it: nothing to step (the daemon runs the
+/// card), a wait on the register page's report word.
+struct SharedCard {
+    page: Arc<Page<PageLayout>>,
+}
+
+impl InlineCard for SharedCard {
+    fn receive(&self) -> bool {
+        false
+    }
+    fn step(&self) -> bool {
+        false
+    }
+    fn flush_tx(&self) -> bool {
+        false
+    }
+    fn tx_pending(&self) -> bool {
+        false
+    }
+    fn wait(&self, timeout: Duration, _announced: bool) -> bool {
+        let seen = self.page.get().reports.load(Ordering::SeqCst);
+        let start = Instant::now();
+        wait_reports(&self.page, seen, timeout);
+        start.elapsed() < timeout
+    }
+    fn app_spins(&self, _spinning: bool) {}
+    fn raw_frames(&self) -> u64 {
+        u64::from(self.page.get().reports.load(Ordering::Relaxed))
+    }
+    fn wake(&self) {
+        super::page::notify_client(&self.page);
+    }
+}
