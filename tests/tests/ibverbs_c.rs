@@ -232,6 +232,82 @@ fn c_programs_pass_on_the_ibverbs_stand_in() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// The programs of [`PROGRAMS`] that [`four_processes_per_device_run_the_c_programs_at_once`]
+/// runs: those that use only their own QPs and MRs (not the raw packet QP, whose frames
+/// every process of the device sees, nor the tests that fill the card's tables or kill
+/// their peer's device).
+const SHARED_PROGRAMS: &[&str] = &[
+    "send_recv",
+    "write_with_imm",
+    "multi_round_write",
+    "event_channel",
+    "srq",
+    "sge",
+    "ud",
+    "careless",
+    "wr_api",
+    "atomics",
+    "mem_windows",
+    "uc",
+];
+
+/// Four processes on each of two shared devices (`BLUERDMA_SHARED=1`: one `bluerdma-devd`
+/// per device), each running [`SHARED_PROGRAMS`] one after another, all four at once.
+#[test]
+fn four_processes_per_device_run_the_c_programs_at_once() {
+    require_toolchain();
+    let dir = install(&build_library(), "-shared");
+    let devd =
+        bluerdma_tests::served::cargo_build(&["-p", "bluerdma-linux", "--bin", "bluerdma-devd"])
+            .join("bluerdma-devd");
+    let run_dir = dir.join("run");
+    let bins: Vec<(String, PathBuf)> = SHARED_PROGRAMS
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                compile(n, &dir).unwrap_or_else(|e| panic!("{e}")),
+            )
+        })
+        .collect();
+    let host = 171;
+    let env = [
+        ("BLUERDMA_CYCLES", QUICK_CYCLES.to_string()),
+        ("BLUERDMA_SHARED", "1".to_string()),
+        ("BLUERDMA_DEVD", devd.display().to_string()),
+        ("BLUERDMA_RUN_DIR", run_dir.display().to_string()),
+    ];
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (bins, dir, env) = (bins.clone(), dir.clone(), env.clone());
+            std::thread::spawn(move || {
+                let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let mut failures = Vec::new();
+                for (name, bin) in &bins {
+                    let label = format!("{name}.{w}");
+                    if let Err(e) = run_with(&label, bin, &dir, host, &env, RUN_LIMIT) {
+                        failures.push(format!("process {w}: {e}"));
+                    }
+                }
+                failures
+            })
+        })
+        .collect();
+    let failures: Vec<String> = workers
+        .into_iter()
+        .flat_map(|w| w.join().expect("worker thread"))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} runs failed with four processes per device (logs in {}):\n\n{}",
+        failures.len(),
+        4 * SHARED_PROGRAMS.len(),
+        dir.display(),
+        failures.join("\n\n")
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// The whole of `open_close`: 10,000 open/use/close rounds in one process keep its memory,
 /// file descriptors and threads flat. About three minutes in release
 /// (`cargo test --release -p bluerdma-tests --test ibverbs_c -- --ignored`), longer in debug.

@@ -294,11 +294,15 @@ fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
     Ok(Report::new(runs, baseline, lib_dir, start))
 }
 
-/// `cargo build --release -p bluerdma-ibverbs -p bluerdma-rdmacm`, then the copies named
-/// `libibverbs.so.1` and `librdmacm.so.1` in one directory (one LD_LIBRARY_PATH serves both).
+/// `cargo build --release -p bluerdma-ibverbs -p bluerdma-rdmacm -p bluerdma-linux`, then the
+/// copies named `libibverbs.so.1` and `librdmacm.so.1` in one directory (one LD_LIBRARY_PATH
+/// serves both), and `bluerdma-devd` beside them (where the library looks for it first when
+/// a device is shared, `BLUERDMA_SHARED=1`).
 pub(crate) fn build_library(root: &Path) -> Result<PathBuf, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    println!("perftest: cargo build --release -p bluerdma-ibverbs -p bluerdma-rdmacm");
+    println!(
+        "perftest: cargo build --release -p bluerdma-ibverbs -p bluerdma-rdmacm -p bluerdma-linux"
+    );
     let status = Command::new(&cargo)
         .args([
             "build",
@@ -308,6 +312,8 @@ pub(crate) fn build_library(root: &Path) -> Result<PathBuf, String> {
             "bluerdma-ibverbs",
             "-p",
             "bluerdma-rdmacm",
+            "-p",
+            "bluerdma-linux",
         ])
         .current_dir(root)
         .status()
@@ -328,6 +334,11 @@ pub(crate) fn build_library(root: &Path) -> Result<PathBuf, String> {
             .map_err(|e| format!("cannot copy {} to {}: {e}", built.display(), lib.display()))?;
         println!("perftest: the stand-in is {}", lib.display());
     }
+    let devd = root.join("target").join("release").join("bluerdma-devd");
+    let to = dir.join("bluerdma-devd");
+    let _ = fs::remove_file(&to);
+    fs::copy(&devd, &to)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", devd.display(), to.display()))?;
     println!("perftest:   export LD_LIBRARY_PATH={}", dir.display());
     Ok(dir)
 }
