@@ -93,6 +93,9 @@ pub struct DeviceSpec {
     /// The OOB channel's key file (`key=` in the device list); `None`: the default key
     /// ([`crate::oob::OobKey::Default`]).
     pub oob_key: Option<std::path::PathBuf>,
+    /// Where the engine's key bytes start (`DeviceConfig::key_seed`): the daemon of a
+    /// shared device gives each process its own.
+    pub key_seed: u32,
 }
 
 impl DeviceSpec {
@@ -108,6 +111,7 @@ impl DeviceSpec {
             strict_pd: false,
             wire_psn_start: 0,
             oob_key: None,
+            key_seed: DeviceConfig::new(MacAddr([0; 6]), Ipv4Addr::UNSPECIFIED).key_seed,
         }
     }
 }
@@ -124,6 +128,9 @@ struct Inner {
     /// when the out-of-band channel has records for it).
     kick: Arc<(Mutex<bool>, Condvar)>,
     spec: DeviceSpec,
+    /// The share of the card's tables this engine allocates in (the whole card unless the
+    /// device is shared between processes).
+    windows: TableWindows,
     /// Which backend the device runs on, and how its owned buffers are made.
     kind: BackendKind,
     buffers: BufferKind,
@@ -310,7 +317,8 @@ impl Context {
         cfg.command_timeout = Nanos(tuning.command_timeout.as_nanos() as u64);
         cfg.ack_timeout_min = Nanos(tuning.ack_timeout_min.as_nanos() as u64);
         cfg.send_window = tuning.send_window.max(1);
-        cfg.windows = windows;
+        cfg.windows = windows.clone();
+        cfg.key_seed = spec.key_seed;
         let epoch = std::time::Instant::now();
         let mut clock = || Instant(epoch.elapsed().as_nanos() as u64);
         let mut dev = Device::open(
@@ -333,6 +341,7 @@ impl Context {
             stop: AtomicBool::new(false),
             kick: Arc::new((Mutex::new(false), Condvar::new())),
             spec,
+            windows,
             kind,
             buffers,
             tuning,
@@ -398,6 +407,12 @@ impl Context {
     /// The backend the device runs on.
     pub fn backend(&self) -> BackendKind {
         self.inner.kind
+    }
+
+    /// The share of the card's tables this engine allocates in: the whole card, or this
+    /// process's window on a shared device.
+    pub fn windows(&self) -> &TableWindows {
+        &self.inner.windows
     }
 
     /// The device's spec.

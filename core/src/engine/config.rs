@@ -264,6 +264,10 @@ pub struct DeviceConfig {
     /// The parts of the card's tables this engine allocates in (the whole card unless
     /// several engines share it).
     pub windows: TableWindows,
+    /// Where the sequence of key bytes (the low byte of every QPN and MR key) starts. Engines
+    /// that share a card one after another in the same window start apart, so that a record
+    /// or packet meant for a QP of the one before does not name a QP of the next.
+    pub key_seed: u32,
 }
 
 impl DeviceConfig {
@@ -279,6 +283,7 @@ impl DeviceConfig {
             ack_timeout_min: Nanos(0),
             send_window: 1024,
             windows: TableWindows::WHOLE,
+            key_seed: 0x5A,
         }
     }
 }

@@ -199,6 +199,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
         clock: &mut dyn FnMut() -> Instant,
     ) -> Result<Self, VerbsError> {
         cfg.windows.validate()?;
+        let key_seed = cfg.key_seed;
         let (wqes, cqes, recvs) = {
             let s = storage.slices();
             if !s.consistent() {
@@ -250,7 +251,7 @@ impl<P: Platform, S: Storage> Device<P, S> {
             sn_tx_bytes: 0,
             send_posted: 0,
             keep_raw_frames: false,
-            key_seq: 0x5A,
+            key_seq: key_seed,
             wqe_ranges: Carver::new(wqes),
             cqe_ranges: Carver::new(cqes),
             recv_pool: RecvPool::new(recvs),

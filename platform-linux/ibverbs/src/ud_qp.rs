@@ -25,6 +25,18 @@ const QPN_BASE: u32 = 0x80_0000;
 
 static NEXT_QPN: AtomicU32 = AtomicU32::new(0);
 
+/// The `n`th UD QP number of this process. On a device of its own: 0x800000 + n. On a
+/// device shared between processes, each process's UD QPs carry its window of the card's QP
+/// indices in bits 8..18 (as its RC QPs do), so that the device's daemon hands each
+/// datagram to the process that owns its destination QP.
+fn ud_qpn(w: &bluerdma_linux::core::engine::TableWindows, n: u32) -> u32 {
+    if *w == bluerdma_linux::core::engine::TableWindows::WHOLE {
+        return QPN_BASE | (n % (QPN_BASE - 1));
+    }
+    let len = w.qp_index.len().max(1) as u32;
+    QPN_BASE | ((w.qp_index.start + n % len) << 8) | ((n / len) & 0xFF)
+}
+
 /// A UD QP: `ibv_qp` first, like the RC one (`rc_qp::Qp`); `ibv.qp_type` tells them
 /// apart.
 #[repr(C)]
@@ -75,7 +87,7 @@ pub(crate) unsafe fn create(
     }
     // SAFETY: CQs from ibv_create_cq on this context, or NULL.
     let (scq, rcq) = unsafe { qp_cqs(a) }.ok_or(libc::EINVAL)?;
-    let qpn = QPN_BASE | (NEXT_QPN.fetch_add(1, Ordering::Relaxed) % (QPN_BASE - 1));
+    let qpn = ud_qpn(p.engine.windows(), NEXT_QPN.fetch_add(1, Ordering::Relaxed));
     let shared = Arc::new(UdShared {
         qpn,
         state: AtomicU32::new(QpState::Reset.to_ibv()),

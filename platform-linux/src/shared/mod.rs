@@ -78,11 +78,12 @@ pub fn socket_path(entry: &DeviceEntry) -> PathBuf {
 /// Opens `entry` through its daemon, starting the daemon if none runs.
 pub fn open(
     entry: &DeviceEntry,
-    spec: DeviceSpec,
+    mut spec: DeviceSpec,
     settings: &Settings,
 ) -> Result<Context, OpenError> {
     let _ = settings;
-    let fail = |errno: i32, msg: String| OpenError::new(&spec.name, errno, msg);
+    let name = spec.name.clone();
+    let fail = |errno: i32, msg: String| OpenError::new(&name, errno, msg);
     let path = socket_path(entry);
     let sock = connect_or_start(entry, &path).map_err(|e| {
         fail(
@@ -105,6 +106,9 @@ pub fn open(
             ),
         ));
     }
+    // Each client of the device starts its key bytes elsewhere (its slot's QPNs and keys
+    // are those of the process before it otherwise).
+    spec.key_seed = (session.welcome.token >> 16) as u32;
     let oob = relay_connection(&path, &session).map_err(|e| {
         fail(
             e.raw_os_error().unwrap_or(libc::EIO),

@@ -32,6 +32,7 @@ use bluerdma_core::regs::{Counter, RingId, DECODED_CHANNELS};
 use bluerdma_core::ring::{
     ConsumerRing, Popped, ProducerRing, RingMemory, RingRegs, RING_BYTES, RING_LEN,
 };
+use bluerdma_core::wire::ud::UD_UDP_PORT;
 
 use super::page::{notify_client, ring_slot, Page, PageLayout};
 use super::sys::{read_remote, write_remote};
@@ -838,10 +839,13 @@ impl Mux {
         work
     }
 
+    /// The client whose window holds the QP index of `qpn`: the card's QPs (index << 8 |
+    /// key) and the library's UD QPs (0x800000 | index << 8 | n) alike.
     fn owner_of_qpn(&self, qpn: Qpn) -> Option<usize> {
+        let index = (qpn.get() >> 8) & 0x3FF;
         self.clients.iter().position(|c| {
             c.as_ref()
-                .is_some_and(|c| c.leaving.is_none() && c.owns_qpn(qpn))
+                .is_some_and(|c| c.leaving.is_none() && c.windows.qp_index.contains(&index))
         })
     }
 
@@ -1111,7 +1115,8 @@ fn empty_buffer() -> DmaBuffer {
     unsafe { DmaBuffer::new(std::ptr::NonNull::dangling(), DeviceAddr(0), 0) }
 }
 
-/// The destination QPN of a RoCEv2 frame (Ethernet, IPv4, UDP to 4791, BTH), if it is one.
+/// The destination QPN of a RoCEv2 frame (Ethernet, IPv4, UDP to 4791, BTH) or of the
+/// driver's UD frames (UDP to [`UD_UDP_PORT`], BTH), if it is one.
 pub fn roce_dest_qpn(f: &[u8]) -> Option<u32> {
     if f.len() < 14 + 20 + 8 + 12 || f[12..14] != [0x08, 0x00] {
         return None;
@@ -1122,7 +1127,8 @@ pub fn roce_dest_qpn(f: &[u8]) -> Option<u32> {
     }
     let udp = 14 + ihl;
     let bth = udp + 8;
-    if f.len() < bth + 12 || f[udp + 2..udp + 4] != 4791u16.to_be_bytes() {
+    let port = f.get(udp + 2..udp + 4)?;
+    if f.len() < bth + 12 || (port != 4791u16.to_be_bytes() && port != UD_UDP_PORT.to_be_bytes()) {
         return None;
     }
     Some(u32::from_be_bytes([0, f[bth + 5], f[bth + 6], f[bth + 7]]))
