@@ -10,16 +10,13 @@
 //!
 //! Each test has its own pair of devices in 127.0.4.0/24, so they may run at once.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use bluerdma_core::engine::{SendOp, WcStatus};
 use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_linux::{Context, Endpoint};
-use bluerdma_tests::shared::{open, setup, status, status_field};
+use bluerdma_tests::shared::{open, setup, status, status_field, Peer};
 use bluerdma_tests::{fill_pattern, line_field, parse_hex, pattern_mismatch, raw_wr, ALL};
 
 const DEVICES: &str = "sa=127.0.4.1,sb=127.0.4.2,sc=127.0.4.3,sd=127.0.4.4";
@@ -33,84 +30,6 @@ fn init() {
             .join(format!("verbs_shared-{}", std::process::id()));
         setup(DEVICES, &dir);
     });
-}
-
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-}
-
-impl Peer {
-    fn spawn(device: &str, mr: usize) -> (Peer, String) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_verbs_peer"))
-            .args(["shared", device, &mr.to_string(), "120"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn verbs_peer");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut p = Peer {
-            child,
-            stdin,
-            lines,
-        };
-        let ready = p.next();
-        assert!(ready.starts_with("READY"), "verbs_peer: {ready}");
-        (p, ready)
-    }
-
-    fn next(&mut self) -> String {
-        self.lines
-            .recv_timeout(STEP)
-            .unwrap_or_else(|e| panic!("no answer from verbs_peer within {STEP:?}: {e}"))
-    }
-
-    fn ask(&mut self, cmd: &str) -> String {
-        writeln!(self.stdin, "{cmd}").expect("write to verbs_peer");
-        self.stdin.flush().expect("flush");
-        self.next()
-    }
-}
-
-impl Peer {
-    /// Asks the child to exit and waits for its status 0.
-    fn quit(mut self) {
-        let _ = writeln!(self.stdin, "QUIT");
-        let _ = self.stdin.flush();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => {
-                    assert!(s.success(), "verbs_peer exited with {s}");
-                    return;
-                }
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                other => panic!("verbs_peer did not exit after QUIT: {other:?}"),
-            }
-        }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
 }
 
 fn hex(line: &str, k: &str) -> u64 {
@@ -172,7 +91,7 @@ fn two_processes_on_one_device_each_move_bytes_to_a_third() {
     ea.qp.connect(ep(&eb1, &b), 0, 14, 7).unwrap();
     eb1.qp.connect(ep(&ea, &a), 0, 14, 7).unwrap();
 
-    let (mut child, ready) = Peer::spawn("sa", 512 * KIB);
+    let (mut child, ready) = Peer::spawn(env!("CARGO_BIN_EXE_verbs_peer"), "sa", 512 * KIB);
     let child_qpn = hex(&ready, "qpn") as u32;
     let (child_addr, child_key) = (
         hex(&ready, "addr"),
@@ -263,8 +182,8 @@ fn a_killed_process_leaves_nothing_in_the_card_and_the_others_go_on() {
     let base_qps = status_field(&before, "card", "valid_qps").expect("card tables in status");
     let base_mrs = status_field(&before, "card", "valid_mrs").expect("card tables in status");
 
-    let (mut child, ready) = Peer::spawn("sc", 256 * KIB);
-    let pid = child.child.id();
+    let (mut child, ready) = Peer::spawn(env!("CARGO_BIN_EXE_verbs_peer"), "sc", 256 * KIB);
+    let pid = child.pid();
     let r = child.ask(&format!(
         "CONNECT qpn={:#x} ip={} psn=0 mypsn=0 timeout=14 retries=7",
         ed2.qp.qpn().get(),
@@ -296,7 +215,7 @@ fn a_killed_process_leaves_nothing_in_the_card_and_the_others_go_on() {
     assert!(r.starts_with("POSTED"), "{r}");
     // SAFETY: kill on the child's pid, which this test owns until it reaps it.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    let _ = child.child.wait();
+    child.reap();
 
     // This process's QP on the same device still works.
     fill_pattern(ec.mr.bytes_mut().unwrap(), 5, 0);
@@ -329,6 +248,6 @@ fn a_killed_process_leaves_nothing_in_the_card_and_the_others_go_on() {
     );
 
     // And the device still takes a new process.
-    let (again, _) = Peer::spawn("sc", 64 * KIB);
+    let (again, _) = Peer::spawn(env!("CARGO_BIN_EXE_verbs_peer"), "sc", 64 * KIB);
     again.quit();
 }
