@@ -93,13 +93,13 @@ impl Peer {
             stdin,
             lines,
         };
-        let ready = p.next();
+        let ready = p.next_line();
         assert!(ready.starts_with("READY"), "verbs_peer: {ready}");
         (p, ready)
     }
 
     /// The next line it printed.
-    pub fn next(&mut self) -> String {
+    pub fn next_line(&mut self) -> String {
         self.lines
             .recv_timeout(STEP)
             .unwrap_or_else(|e| panic!("no answer from verbs_peer within {STEP:?}: {e}"))
@@ -109,7 +109,7 @@ impl Peer {
     pub fn ask(&mut self, cmd: &str) -> String {
         writeln!(self.stdin, "{cmd}").expect("write to verbs_peer");
         self.stdin.flush().expect("flush");
-        self.next()
+        self.next_line()
     }
 }
 
