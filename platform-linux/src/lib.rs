@@ -36,6 +36,7 @@ pub mod perf;
 pub mod scenarios;
 #[cfg(feature = "emulator")]
 pub mod shared;
+pub mod stderr_log;
 pub mod storage;
 pub mod umem;
 pub mod verbs;

@@ -7,36 +7,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-struct Log;
-
-impl log::Log for Log {
-    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
-        m.level() <= log::max_level()
-    }
-    fn log(&self, r: &log::Record<'_>) {
-        if self.enabled(r.metadata()) {
-            eprintln!(
-                "bluerdma-devd {}: {}",
-                r.level().as_str().to_lowercase(),
-                r.args()
-            );
-        }
-    }
-    fn flush(&self) {}
-}
-
 fn main() -> ExitCode {
-    let level = match std::env::var("BLUERDMA_LOG").as_deref() {
-        Ok("error") => log::LevelFilter::Error,
-        Ok("info") => log::LevelFilter::Info,
-        Ok("debug") => log::LevelFilter::Debug,
-        Ok("trace") => log::LevelFilter::Trace,
-        Ok("off") => log::LevelFilter::Off,
-        _ => log::LevelFilter::Warn,
-    };
-    if log::set_logger(&Log).is_ok() {
-        log::set_max_level(level);
-    }
+    bluerdma_linux::stderr_log::init("bluerdma-devd");
     let mut args = std::env::args().skip(1);
     let Some(device) = args.next().filter(|a| !a.starts_with('-')) else {
         eprintln!("usage: bluerdma-devd DEVICE [--socket PATH] [--linger SECONDS]");
