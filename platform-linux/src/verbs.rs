@@ -155,6 +155,27 @@ struct Inner {
     raw_wanted: AtomicBool,
     /// The consumer of asynchronous events ([`Context::set_event_handler`]).
     events: Mutex<Option<EventHandler>>,
+    /// The QP table indices this engine hands out ([`Context::qp_window`]).
+    qp_window: std::ops::Range<u32>,
+}
+
+/// The first QP number of the driver's UD QPs (built on the simple NIC, apart from the
+/// card's RC QP numbers, `index << 8 | key` below 0x40000).
+pub const UD_QPN_BASE: u32 = 0x80_0000;
+
+/// The `n`-th UD QP number of an engine whose QP window is `window`:
+/// `UD_QPN_BASE | index << 8 | n & 0xFF`, `index` a QP index of the window. Engines that
+/// share a card have disjoint windows, so their UD QP numbers differ, and the daemon gives
+/// a UD frame to the engine whose window holds [`ud_qpn_index`] of its destination.
+pub fn ud_qpn(window: &std::ops::Range<u32>, n: u32) -> u32 {
+    let len = window.end.saturating_sub(window.start).max(1);
+    let index = window.start + (n >> 8) % len;
+    UD_QPN_BASE | (index & 0x7FFF) << 8 | (n & 0xFF)
+}
+
+/// The QP index a UD QP number was made from ([`ud_qpn`]); `None` below [`UD_QPN_BASE`].
+pub fn ud_qpn_index(qpn: u32) -> Option<u32> {
+    ((qpn & 0xFF_FFFF) >= UD_QPN_BASE).then_some((qpn & (UD_QPN_BASE - 1)) >> 8)
 }
 
 /// A consumer of asynchronous events (a CQ overrun, a QP that failed on its own): called on
@@ -310,6 +331,7 @@ impl Context {
         cfg.command_timeout = Nanos(tuning.command_timeout.as_nanos() as u64);
         cfg.ack_timeout_min = Nanos(tuning.ack_timeout_min.as_nanos() as u64);
         cfg.send_window = tuning.send_window.max(1);
+        let qp_window = windows.qp_index.clone();
         cfg.windows = windows;
         let epoch = std::time::Instant::now();
         let mut clock = || Instant(epoch.elapsed().as_nanos() as u64);
@@ -347,6 +369,7 @@ impl Context {
             raw: Mutex::new(None),
             raw_wanted: AtomicBool::new(false),
             events: Mutex::new(None),
+            qp_window,
         });
         let thread_inner = Arc::clone(&inner);
         let progress = thread::Builder::new()
@@ -403,6 +426,12 @@ impl Context {
     /// The device's spec.
     pub fn spec(&self) -> &DeviceSpec {
         &self.inner.spec
+    }
+
+    /// The QP table indices this engine hands out: the whole card's, or the window of a
+    /// shared card that its daemon gave this process.
+    pub fn qp_window(&self) -> std::ops::Range<u32> {
+        self.inner.qp_window.clone()
     }
 
     /// Engine counters.

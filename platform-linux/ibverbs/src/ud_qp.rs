@@ -20,9 +20,9 @@ use crate::qp_base::{check_attrs, init_attr_of, new_ibv_qp, qp_cqs};
 use crate::ud_rx::{dispatch_for, Dispatch, UdShared};
 use crate::wr_batch::{ExtOps, QpExt};
 
-/// UD QP numbers: 0x800000 and up, apart from the card's RC QP numbers (index << 8 | key).
-const QPN_BASE: u32 = 0x80_0000;
-
+/// How many UD QPs this process has made: the `n` of [`bluerdma_linux::verbs::ud_qpn`]
+/// (0x800000 and up, inside the engine's QP window, so that processes sharing a device
+/// never have the same one).
 static NEXT_QPN: AtomicU32 = AtomicU32::new(0);
 
 /// A UD QP: `ibv_qp` first, like the RC one (`rc_qp::Qp`); `ibv.qp_type` tells them
@@ -75,7 +75,10 @@ pub(crate) unsafe fn create(
     }
     // SAFETY: CQs from ibv_create_cq on this context, or NULL.
     let (scq, rcq) = unsafe { qp_cqs(a) }.ok_or(libc::EINVAL)?;
-    let qpn = QPN_BASE | (NEXT_QPN.fetch_add(1, Ordering::Relaxed) % (QPN_BASE - 1));
+    let qpn = bluerdma_linux::verbs::ud_qpn(
+        &p.engine.qp_window(),
+        NEXT_QPN.fetch_add(1, Ordering::Relaxed),
+    );
     let shared = Arc::new(UdShared {
         qpn,
         state: AtomicU32::new(QpState::Reset.to_ibv()),

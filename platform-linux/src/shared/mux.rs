@@ -882,8 +882,8 @@ impl Mux {
         work
     }
 
-    /// Received simple-NIC frames: RoCE frames to the owner of their destination QP, every
-    /// other frame to every client.
+    /// Received simple-NIC frames: RoCE frames and the driver's UD frames to the owner of
+    /// their destination QP, every other frame to every client.
     fn card_frames(&mut self) -> bool {
         let mut got = Vec::new();
         self.nrx.poll(&self.regs, RX_SLOTS as usize / 2, |p| {
@@ -909,7 +909,12 @@ impl Mux {
                 std::slice::from_raw_parts(self.rx_buf.cpu().as_ptr().add(at), rx.len as usize)
             }
             .to_vec();
-            let targets: Vec<usize> = match roce_dest_qpn(&frame) {
+            let dest = roce_dest_qpn(&frame).or_else(|| {
+                // The driver's UD frames: to the engine whose window made the QP number.
+                let index = crate::verbs::ud_qpn_index(ud_dest_qpn(&frame)?)?;
+                Some(index << 8)
+            });
+            let targets: Vec<usize> = match dest {
                 Some(qpn) => self.owner_of_qpn(Qpn::from_raw(qpn)).into_iter().collect(),
                 None => (0..self.clients.len())
                     .filter(|&s| {
@@ -1113,6 +1118,17 @@ fn empty_buffer() -> DmaBuffer {
 
 /// The destination QPN of a RoCEv2 frame (Ethernet, IPv4, UDP to 4791, BTH), if it is one.
 pub fn roce_dest_qpn(f: &[u8]) -> Option<u32> {
+    dest_qpn(f, 4791)
+}
+
+/// The destination QPN of one of the driver's UD frames (UDP to
+/// [`bluerdma_core::wire::ud::UD_UDP_PORT`], BTH), if it is one.
+pub fn ud_dest_qpn(f: &[u8]) -> Option<u32> {
+    dest_qpn(f, bluerdma_core::wire::ud::UD_UDP_PORT)
+}
+
+/// The BTH's destination QPN of an Ethernet/IPv4/UDP frame to `port`.
+fn dest_qpn(f: &[u8], port: u16) -> Option<u32> {
     if f.len() < 14 + 20 + 8 + 12 || f[12..14] != [0x08, 0x00] {
         return None;
     }
@@ -1122,7 +1138,7 @@ pub fn roce_dest_qpn(f: &[u8]) -> Option<u32> {
     }
     let udp = 14 + ihl;
     let bth = udp + 8;
-    if f.len() < bth + 12 || f[udp + 2..udp + 4] != 4791u16.to_be_bytes() {
+    if f.len() < bth + 12 || f[udp + 2..udp + 4] != port.to_be_bytes() {
         return None;
     }
     Some(u32::from_be_bytes([0, f[bth + 5], f[bth + 6], f[bth + 7]]))
@@ -1145,5 +1161,37 @@ mod tests {
         assert_eq!(roce_dest_qpn(&f), None);
         assert_eq!(roce_dest_qpn(&f[..20]), None);
         assert_eq!(roce_dest_qpn(&[]), None);
+    }
+
+    #[test]
+    fn ud_frames_go_to_the_engine_whose_window_made_their_qp_number() {
+        use crate::verbs::{ud_qpn, ud_qpn_index};
+        use bluerdma_core::engine::TableWindows;
+        // Two processes on one card: their first UD QPs differ, and each maps back into
+        // its own window (the daemon used to hand every UD frame to every client, and both
+        // had QP 0x800000).
+        let (a, b) = (
+            TableWindows::split(8, 0).unwrap().qp_index,
+            TableWindows::split(8, 1).unwrap().qp_index,
+        );
+        let mut seen = std::collections::HashSet::new();
+        for n in [0, 1, 255, 256, 70_000] {
+            for w in [&a, &b] {
+                let qpn = ud_qpn(w, n);
+                assert!((0x80_0000..0x100_0000).contains(&qpn), "{qpn:#x}");
+                assert!(w.contains(&ud_qpn_index(qpn).unwrap()), "{qpn:#x} {w:?}");
+                assert!(seen.insert(qpn), "{qpn:#x} twice");
+            }
+        }
+        assert_eq!(ud_qpn_index(0x1234), None);
+        let mut f = vec![0u8; 14 + 20 + 8 + 12 + 4];
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[14 + 9] = 17;
+        f[34 + 2..34 + 4].copy_from_slice(&4792u16.to_be_bytes());
+        let qpn = ud_qpn(&b, 3);
+        f[42 + 5..42 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        assert_eq!(ud_dest_qpn(&f), Some(qpn));
+        assert_eq!(roce_dest_qpn(&f), None);
     }
 }
