@@ -1,14 +1,21 @@
-/* MPI checks of `cargo xtask cluster`: one rank per emulated node.
+/* MPI checks of `cargo xtask cluster`: one or more ranks per emulated node.
  *
- *   ping-pong  ranks 0 and 1, 8 B to 8 MiB (x4 per step); each size is checked once with
- *              a fresh pattern each way before and after its timed loop
+ *   ping-pong  rank 0 and the first rank on another node (rank 1 if all share one node),
+ *              8 B to 8 MiB (x4 per step); each size is checked once with a fresh pattern
+ *              each way before and after its timed loop, which lasts about 0.5 s at most
+ *              (BUDGET_SECONDS)
+ *   pairs      every rank sends a 64 KiB block to every other rank and receives one from
+ *              each (MPI_Sendrecv, shift k = 1..n-1), each byte checked: every pair of ranks
+ *              has carried data, whichever node each is on
  *   allreduce  MPI_SUM of int vectors (1 Ki and 256 Ki elements)
  *   alltoall   a block of ints from every rank to every rank, each element naming its
  *              source, destination and index
  *   put        MPI_Put of a block into the right neighbour's window between two fences
  *
- * Rank 0 prints `mpitest: pingpong <bytes> B <usec> usec <MB/s> MB/s` per size (half a round
- * trip; MB = 10^6 B) and `mpitest: all checks passed on <n> ranks` at the end. Any mismatch
+ * Rank 0 prints `mpitest: <n> ranks on <node of rank 0> <node of rank 1> ...`, then
+ * `mpitest: pingpong rank 0 (<node>) <-> rank <p> (<node>)` and
+ * `mpitest: pingpong <bytes> B <usec> usec <MB/s> MB/s (<n> round trips)` per size (half
+ * a round trip; MB = 10^6 B), and `mpitest: all checks passed on <n> ranks` at the end. Any mismatch
  * prints what was expected and what arrived, and aborts the job with exit code 1.
  *
  * Build: mpicc -O2 -o mpitest mpitest.c
@@ -20,8 +27,18 @@
 #include <string.h>
 
 #define MAX_SIZE (8u << 20)
+/* The timed loop of a size: 1000, 100 or 20 round trips (small, middle, large sizes), fewer
+ * when they would take longer than BUDGET_SECONDS (as CALIBRATION_TRIPS say), never fewer
+ * than MIN_TRIPS. */
+#define BUDGET_SECONDS 0.5
+#define CALIBRATION_TRIPS 3
+#define MIN_TRIPS 5
+/* Untimed 8-byte round trips before the first size. */
+#define WARMUP_TRIPS 20
 
 static int rank, nranks;
+/* The ping-pong's two ranks: 0 and `partner`. */
+static int partner = 1;
 
 static void fail(const char *what, size_t index, long long expected, long long got)
 {
@@ -63,10 +80,10 @@ static void verify(const uint8_t *buf, size_t size, int from, unsigned round, co
             fail(what, i, pattern(i, size, from, round), buf[i]);
 }
 
-/* One checked exchange of `size` bytes: 0 sends, 1 checks and answers, 0 checks. */
+/* One checked exchange of `size` bytes: 0 sends, the partner checks and answers, 0 checks. */
 static void checked_round(uint8_t *sbuf, uint8_t *rbuf, size_t size, unsigned round)
 {
-    int peer = 1 - rank;
+    int peer = rank == 0 ? partner : 0;
     fill(sbuf, size, rank, round);
     memset(rbuf, 0xEE, size);
     if (rank == 0) {
@@ -81,6 +98,20 @@ static void checked_round(uint8_t *sbuf, uint8_t *rbuf, size_t size, unsigned ro
     verify(rbuf, size, peer, round, "ping-pong");
 }
 
+/* `n` unchecked round trips of `size` bytes between rank 0 and `peer` (the partner). */
+static void round_trips(uint8_t *sbuf, uint8_t *rbuf, size_t size, int peer, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (rank == 0) {
+            MPI_Send(sbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD);
+            MPI_Recv(rbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else {
+            MPI_Recv(rbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(sbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD);
+        }
+    }
+}
+
 static void pingpong(void)
 {
     uint8_t *sbuf = malloc(MAX_SIZE), *rbuf = malloc(MAX_SIZE);
@@ -89,28 +120,60 @@ static void pingpong(void)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     unsigned round = 0;
+    /* Untimed: the first messages set up the endpoint's lanes. */
+    if (rank == 0 || rank == partner)
+        round_trips(sbuf, rbuf, 8, rank == 0 ? partner : 0, WARMUP_TRIPS);
     for (size_t size = 8; size <= MAX_SIZE; size *= 4) {
-        if (rank <= 1) {
+        if (rank == 0 || rank == partner) {
             checked_round(sbuf, rbuf, size, round++);
-            int iters = size <= 4096 ? 1000 : size <= (256u << 10) ? 100 : 20;
-            int peer = 1 - rank;
+            int peer = rank == 0 ? partner : 0;
+            /* A few round trips say how long one takes; rank 0 cuts the count to fit the
+             * budget (a loaded machine, many ranks on two cores) and tells the partner. */
             double t0 = MPI_Wtime();
-            for (int i = 0; i < iters; i++) {
-                if (rank == 0) {
-                    MPI_Send(sbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD);
-                    MPI_Recv(rbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                } else {
-                    MPI_Recv(rbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                    MPI_Send(sbuf, (int)size, MPI_BYTE, peer, 2, MPI_COMM_WORLD);
-                }
+            round_trips(sbuf, rbuf, size, peer, CALIBRATION_TRIPS);
+            double one = (MPI_Wtime() - t0) / CALIBRATION_TRIPS;
+            int iters = size <= 4096 ? 1000 : size <= (256u << 10) ? 100 : 20;
+            if (rank == 0) {
+                if (one > 0 && BUDGET_SECONDS / one < iters)
+                    iters = (int)(BUDGET_SECONDS / one);
+                if (iters < MIN_TRIPS)
+                    iters = MIN_TRIPS;
+                check_mpi(MPI_Send(&iters, 1, MPI_INT, peer, 4, MPI_COMM_WORLD), "MPI_Send");
+            } else {
+                check_mpi(MPI_Recv(&iters, 1, MPI_INT, peer, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                          "MPI_Recv");
             }
+            t0 = MPI_Wtime();
+            round_trips(sbuf, rbuf, size, peer, iters);
             double half_rtt = (MPI_Wtime() - t0) / iters / 2;
             checked_round(sbuf, rbuf, size, round++);
             if (rank == 0)
-                printf("mpitest: pingpong %zu B %.2f usec %.2f MB/s\n", size, half_rtt * 1e6,
-                       size / half_rtt / 1e6);
+                printf("mpitest: pingpong %zu B %.2f usec %.2f MB/s (%d round trips)\n", size,
+                       half_rtt * 1e6, size / half_rtt / 1e6, iters);
         }
         check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+    }
+    free(sbuf);
+    free(rbuf);
+}
+
+/* Every rank to every other: at shift k, send to rank + k and receive from rank - k. */
+static void pairs(size_t size)
+{
+    uint8_t *sbuf = malloc(size), *rbuf = malloc(size);
+    if (!sbuf || !rbuf) {
+        fprintf(stderr, "mpitest: out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int k = 1; k < nranks; k++) {
+        int to = (rank + k) % nranks, from = (rank + nranks - k) % nranks;
+        /* The round names the destination, so a block delivered to the wrong rank fails. */
+        fill(sbuf, size, rank, 1000u + (unsigned)to);
+        memset(rbuf, 0xEE, size);
+        check_mpi(MPI_Sendrecv(sbuf, (int)size, MPI_BYTE, to, 3, rbuf, (int)size, MPI_BYTE,
+                               from, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                  "MPI_Sendrecv");
+        verify(rbuf, size, from, 1000u + (unsigned)rank, "pairs");
     }
     free(sbuf);
     free(rbuf);
@@ -193,23 +256,38 @@ int main(int argc, char **argv)
     char name[MPI_MAX_PROCESSOR_NAME] = {0};
     int len = 0;
     MPI_Get_processor_name(name, &len);
-    char *names = rank == 0 ? malloc((size_t)nranks * MPI_MAX_PROCESSOR_NAME) : NULL;
-    check_mpi(MPI_Gather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names, MPI_MAX_PROCESSOR_NAME,
-                         MPI_CHAR, 0, MPI_COMM_WORLD),
-              "MPI_Gather");
+    char *names = malloc((size_t)nranks * MPI_MAX_PROCESSOR_NAME);
+    if (!names) {
+        fprintf(stderr, "mpitest: out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    check_mpi(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names,
+                            MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD),
+              "MPI_Allgather");
+#define NAME(r) (names + (size_t)(r) * MPI_MAX_PROCESSOR_NAME)
+    for (int r = 1; r < nranks; r++)
+        if (strcmp(NAME(r), NAME(0)) != 0) {
+            partner = r;
+            break;
+        }
     if (rank == 0) {
         printf("mpitest: %d ranks on", nranks);
         for (int r = 0; r < nranks; r++)
-            printf(" %s", names + (size_t)r * MPI_MAX_PROCESSOR_NAME);
+            printf(" %s", NAME(r));
         printf("\n");
+        if (nranks >= 2)
+            printf("mpitest: pingpong rank 0 (%s) <-> rank %d (%s)\n", NAME(0), partner,
+                   NAME(partner));
         fflush(stdout);
-        free(names);
     }
+#undef NAME
+    free(names);
 
     if (nranks >= 2)
         pingpong();
     else if (rank == 0)
         printf("mpitest: one rank: no ping-pong\n");
+    pairs(64 * 1024);
     allreduce(1024);
     allreduce(256 * 1024);
     alltoall(1024);
@@ -217,7 +295,7 @@ int main(int argc, char **argv)
     put(1024);
     put(256 * 1024);
     if (rank == 0)
-        printf("mpitest: allreduce, alltoall and put checked\n");
+        printf("mpitest: pairs, allreduce, alltoall and put checked\n");
 
     check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
     if (rank == 0) {

@@ -19,14 +19,22 @@
 //! 3. Runs, each with a timeout and its exit code checked: `ucx_info -d` on node0 (the memory
 //!    domain `bluerdma0` must be listed); `ucx_perftest` UCT put_bw and get over rc_verbs on
 //!    `bluerdma0:1` and UCP tag_bw, 1 MiB, node0 serving node1; `tests/mpi/mpitest.c` under
-//!    mpirun with one rank per node (`pml ucx`, `osc ucx`), whose UCX log must show
-//!    `ep_cfg` lines with `rc_verbs/bluerdma0`; `tests/mpi/ucp_sockaddr.c`, a UCP
+//!    mpirun (`pml ucx`, `osc ucx`, `--tag-output`) with one rank per node, each node's
+//!    device its rank's alone, then with [`SHARED_RANKS`] ranks per node sharing it
+//!    (`BLUERDMA_SHARED=1`: the node's first rank starts its `bluerdma-devd`, in the node's
+//!    namespaces, on a socket in the node's own `BLUERDMA_RUN_DIR`; ranks of one node talk
+//!    over shared memory), whose UCX log must show, for every rank, an `ep_cfg` line with
+//!    `rc_verbs/bluerdma0` (and, shared, the library's line that it joined the daemon at its
+//!    node's address), while the nodes' daemons are watched (one per node, in all the
+//!    node's namespaces; none left once the step's processes are killed);
+//!    `tests/mpi/ucp_sockaddr.c`, a UCP
 //!    client/server connected by socket address through UCX's rdmacm connection manager
 //!    over the librdmacm.so.1 stand-in ([`sockaddr`]). Then the same UCX and MPI runs over
 //!    UCX's TCP transport (and TCP CM), for comparison. One table, non-zero exit if any step failed, with the tail
 //!    of each failed step's log.
 //! 4. Tears everything down (the [`Cluster`] guard's Drop, a watchdog process that does it
-//!    if xtask dies or is interrupted, and the removal of a crashed run's leftovers first).
+//!    if xtask dies or is interrupted, and the removal of a crashed run's leftovers first):
+//!    every process of the nodes' network namespaces, the daemons included.
 //!
 //! `cargo xtask ci` runs it with 2 nodes as one row ([`ci_row`]; not with `--quick`).
 
@@ -74,6 +82,13 @@ const UD_SEG_SIZE: &str = "1024";
 const TAIL: usize = 30;
 /// The veths' and bridge's MTU: the port's 4096 B path MTU in one UDP datagram.
 const MTU: &str = "9000";
+/// Ranks per node of the MPI run on shared devices (`BLUERDMA_SHARED=1`); the hostfile's
+/// slots.
+const SHARED_RANKS: usize = 2;
+/// The daemon that owns a shared device (README, "Many processes on one device").
+const DEVD: &str = "bluerdma-devd";
+/// The namespaces a node's processes, and so its daemon, must all share with its init.
+const NODE_NS: [&str; 5] = ["net", "mnt", "pid", "ipc", "uts"];
 
 const USAGE: &str = "\
 usage: cargo xtask cluster [N] [--timeout SECS]
@@ -82,7 +97,9 @@ N emulated nodes (default 2) in network, IPC, PID, UTS and mount namespaces on a
 (10.77.0.0/24), each with the blue-rdma stand-in libibverbs (device bluerdma0 at
 10.77.0.(10+i)); runs ucx_info, ucx_perftest (UCT put_bw/get on rc_verbs, UCP tag_bw), an
 MPI test (pml ucx) and a UCP client/server connected through UCX's rdmacm CM (over the
-librdmacm stand-in) on the emulated NIC, then the same over UCX's TCP transport. Needs root;
+librdmacm stand-in) on the emulated NIC, the MPI test again with 2 ranks per node sharing
+each node's device (BLUERDMA_SHARED=1, one bluerdma-devd per node), then the same over
+UCX's TCP transport. Needs root;
 installs libucx0 ucx-utils libucx-dev openmpi-bin libopenmpi-dev iproute2 util-linux if
 missing.
 Everything it creates is removed at the end (also after Ctrl-C).
@@ -241,7 +258,10 @@ fn run(root: &Path, opts: &Opts) -> Result<Vec<Step>, String> {
         }
         steps.push(ctx.ucx_pair(transport, "tag_bw", port + 2));
         steps.push(ctx.ucp_sockaddr(transport, &ucp_sockaddr, sockaddr_built, port + 3));
-        steps.push(ctx.mpirun(transport, &mpitest, steps[0].ok()));
+        steps.push(ctx.mpirun(transport, &mpitest, steps[0].ok(), Layout::ONE));
+        if transport == Transport::Nic {
+            steps.push(ctx.mpirun(transport, &mpitest, steps[0].ok(), Layout::SHARED));
+        }
     }
     drop(cluster);
     print_report(&steps, opts.nodes, start, &dir);
@@ -427,11 +447,12 @@ fn rsh_script(nodes: &[Node], lib_dir: &Path, dir: &Path) -> String {
     let mut cases = String::new();
     for n in nodes {
         cases.push_str(&format!(
-            "    {ip} | node{i}) pid={pid} tmp={tmp} ;;\n",
+            "    {ip} | node{i}) pid={pid} tmp={tmp} run={run} ;;\n",
             ip = n.ip,
             i = n.index,
             pid = n.init,
-            tmp = node_tmp(dir, n.index).display()
+            tmp = node_tmp(dir, n.index).display(),
+            run = node_run(dir, n.index).display()
         ));
     }
     format!(
@@ -443,7 +464,7 @@ fn rsh_script(nodes: &[Node], lib_dir: &Path, dir: &Path) -> String {
          case $host in\n{cases}    *) echo \"node-rsh: no node $host\" >&2; exit 255 ;;\n\
          esac\n\
          unset BLUERDMA_DEVICES\n\
-         export LD_LIBRARY_PATH={lib} TMPDIR=$tmp\n\
+         export LD_LIBRARY_PATH={lib} TMPDIR=$tmp BLUERDMA_RUN_DIR=$run\n\
          exec nsenter -t \"$pid\" -n -i -p -u -m --wd={dir} -- /bin/sh -c \"$*\"\n",
         lib = lib_dir.display(),
         dir = dir.display(),
@@ -455,6 +476,17 @@ fn rsh_script(nodes: &[Node], lib_dir: &Path, dir: &Path) -> String {
 /// it the binaries and logs the steps use.
 fn node_tmp(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("node{i}.tmp"))
+}
+
+/// Node `i`'s `BLUERDMA_RUN_DIR`, where the daemon of its shared device listens: a directory
+/// of its own (all nodes see the machine's `/run`), emptied when the nodes are laid out.
+fn node_run(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("node{i}.run"))
+}
+
+/// The socket of node `i`'s daemon (the library's name: `<device>-<ip>.sock`).
+fn devd_socket(dir: &Path, i: usize) -> PathBuf {
+    node_run(dir, i).join(format!("{DEVICE}-{}.sock", node_ip(i)))
 }
 
 /// One node: its index, address and the PID (in the root namespace) of its init process.
@@ -480,7 +512,20 @@ impl Drop for Cluster {
             let _ = w.kill();
             let _ = w.wait();
         }
+        // Every process of the nodes goes, their daemons (bluerdma-devd) with them.
+        let nets: Vec<PathBuf> = self
+            .nodes
+            .iter()
+            .filter_map(|n| namespaces(n.init).swap_remove(0))
+            .collect();
         teardown();
+        let left: Vec<u32> = devd_pids()
+            .into_iter()
+            .filter(|&p| namespaces(p)[0].as_ref().is_some_and(|n| nets.contains(n)))
+            .collect();
+        if !left.is_empty() {
+            eprintln!("cluster: WARNING: {DEVD} {left:?} of the nodes outlived the teardown");
+        }
     }
 }
 
@@ -513,7 +558,7 @@ impl Cluster {
         let hosts: String = cluster
             .nodes
             .iter()
-            .map(|n| format!("{} slots=1\n", n.ip))
+            .map(|n| format!("{} slots={SHARED_RANKS}\n", n.ip))
             .collect();
         fs::write(dir.join("hostfile"), hosts).map_err(|e| format!("cluster: hostfile: {e}"))?;
         Ok(cluster)
@@ -532,7 +577,8 @@ impl Cluster {
             // address of its network namespace (the library's rule).
             .env_remove("BLUERDMA_DEVICES")
             .env("UCX_UD_VERBS_SEG_SIZE", UD_SEG_SIZE)
-            .env("TMPDIR", node_tmp(&self.dir, i));
+            .env("TMPDIR", node_tmp(&self.dir, i))
+            .env("BLUERDMA_RUN_DIR", node_run(&self.dir, i));
         c
     }
 
@@ -619,9 +665,18 @@ fn add_node(i: usize, dir: &Path, init: &Path) -> Result<Node, String> {
     let log = dir.join(format!("node{i}.log"));
     let _ = fs::remove_file(&ready);
     fs::create_dir_all(&realdev).map_err(|e| format!("cluster: {}: {e}", realdev.display()))?;
-    let tmp = node_tmp(dir, i);
-    let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir_all(&tmp).map_err(|e| format!("cluster: {}: {e}", tmp.display()))?;
+    for d in [node_tmp(dir, i), node_run(dir, i)] {
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).map_err(|e| format!("cluster: {}: {e}", d.display()))?;
+    }
+    // A Unix socket's path holds at most 107 bytes.
+    let sock = devd_socket(dir, i);
+    if sock.as_os_str().len() > 107 {
+        return Err(format!(
+            "cluster: {} is too long for a Unix socket (107 bytes at most): move the checkout",
+            sock.display()
+        ));
+    }
     let out = fs::File::create(&log).map_err(|e| format!("cluster: {}: {e}", log.display()))?;
     let err = out.try_clone().map_err(|e| format!("cluster: {e}"))?;
     // `ip netns exec` execs unshare in place, which forks the node's PID 1.
@@ -727,6 +782,16 @@ impl Transport {
         match self {
             Transport::Nic => ["-x", "rc_verbs", "-d", "bluerdma0:1"],
             Transport::Tcp => ["-x", "tcp", "-d", "eth0"],
+        }
+    }
+
+    /// UCX_TLS of an MPI run with `per_node` ranks per node: those on one node talk over
+    /// shared memory (sm: posix, sysv, cma), as they would on a real host.
+    fn mpi_tls(self, per_node: usize) -> &'static str {
+        match (self, per_node > 1) {
+            (_, false) => self.ucx_tls(),
+            (Transport::Nic, true) => "rc_verbs,ud_verbs,sm,self",
+            (Transport::Tcp, true) => "tcp,sm,self",
         }
     }
 
@@ -876,20 +941,35 @@ impl StepCtx<'_> {
         )
     }
 
-    /// mpitest under mpirun, one rank per node.
-    fn mpirun(&self, t: Transport, mpitest: &Path, built: bool) -> Step {
-        let label = format!("MPI mpitest {}", t.name());
+    /// mpitest under mpirun with `layout`'s ranks per node; every rank's output is tagged
+    /// with its rank (`--tag-output`), and the nodes' `bluerdma-devd` processes are watched
+    /// while it runs.
+    fn mpirun(&self, t: Transport, mpitest: &Path, built: bool, layout: Layout) -> Step {
+        let label = layout.label(t);
         if !built {
             return Step::skipped(&label, "mpicc failed");
         }
-        let n = self.cluster.nodes.len();
+        let nodes = self.cluster.nodes.len();
+        let np = nodes * layout.per_node;
         let log = self.log(&label);
         let mut c = Command::new("mpirun");
-        c.args(["--allow-run-as-root", "-np", &n.to_string()])
-            .arg("--hostfile")
-            .arg(self.dir.join("hostfile"))
-            .args(["--map-by", "node"])
-            .arg("--mca")
+        c.args([
+            "--allow-run-as-root",
+            "--tag-output",
+            "-np",
+            &np.to_string(),
+        ])
+        .arg("--hostfile")
+        .arg(self.dir.join("hostfile"));
+        if layout.per_node == 1 {
+            c.args(["--map-by", "node"]);
+        } else {
+            // The nodes share this machine's cores: binding would pin every node's rank k
+            // to the same core.
+            c.args(["--map-by", &format!("ppr:{}:node", layout.per_node)])
+                .args(["--bind-to", "none"]);
+        }
+        c.arg("--mca")
             .arg("plm_rsh_agent")
             .arg(&self.cluster.rsh)
             .args(["--mca", "plm_rsh_no_tree_spawn", "1"])
@@ -906,12 +986,17 @@ impl StepCtx<'_> {
                 "pml_ucx_devices",
                 "any",
             ])
-            .args(["-x", &format!("UCX_TLS={}", t.ucx_tls())])
+            .args(["-x", &format!("UCX_TLS={}", t.mpi_tls(layout.per_node))])
             .args(["-x", "UCX_LOG_LEVEL=info"])
-            .args(["-x", &format!("UCX_UD_VERBS_SEG_SIZE={UD_SEG_SIZE}")])
-            .arg(mpitest)
+            .args(["-x", &format!("UCX_UD_VERBS_SEG_SIZE={UD_SEG_SIZE}")]);
+        if layout.shared {
+            // Every rank opens bluerdma0 through its node's daemon, and says so (info).
+            c.args(["-x", "BLUERDMA_SHARED=1", "-x", "BLUERDMA_LOG=info"]);
+        }
+        c.arg(mpitest)
             .env_remove("LD_LIBRARY_PATH")
             .env_remove("BLUERDMA_DEVICES")
+            .env_remove("BLUERDMA_SHARED")
             .current_dir(self.dir);
         let command = format!(
             "{} {}",
@@ -922,13 +1007,197 @@ impl StepCtx<'_> {
                 .join(" ")
         );
         println!("cluster: {command}");
+        let mut watch = DaemonWatch::new(self.cluster);
         let mut p = perftest::spawn_logged(c, &log);
-        perftest::wait_all(std::slice::from_mut(&mut p), Instant::now() + self.timeout);
+        let deadline = Instant::now() + self.timeout;
+        while !p.poll() {
+            watch.scan();
+            if Instant::now() >= deadline {
+                p.kill();
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        // A daemon outlives its last client by 3 s: the step's reap must end it.
+        watch.scan();
         self.cluster.reap();
+        let left = watch.left_running(Duration::from_secs(2));
         Step::new(&label, "all", &p, log, command, |out| {
-            examine_mpitest(out, t.ep_cfg_proof())
+            let mut f = examine_mpitest(out, t.ep_cfg_proof(), layout, nodes)?;
+            f.text.push_str(&watch.verdict(layout.shared, &left)?);
+            Ok(f)
         })
     }
+}
+
+/// How the ranks of an MPI step sit on the nodes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Layout {
+    /// Ranks per node.
+    per_node: usize,
+    /// Whether every rank opens the device through its node's daemon (`BLUERDMA_SHARED=1`);
+    /// without it each node's device belongs to its one rank.
+    shared: bool,
+}
+
+impl Layout {
+    const ONE: Layout = Layout {
+        per_node: 1,
+        shared: false,
+    };
+    const SHARED: Layout = Layout {
+        per_node: SHARED_RANKS,
+        shared: true,
+    };
+
+    fn label(self, t: Transport) -> String {
+        if self.shared {
+            format!("MPI mpitest {}/node shared {}", self.per_node, t.name())
+        } else {
+            format!("MPI mpitest {}", t.name())
+        }
+    }
+}
+
+/// The `bluerdma-devd` processes seen in the nodes' network namespaces during a step.
+struct DaemonWatch {
+    /// Per node, its init's namespaces (the `/proc/<pid>/ns/<ns>` links, [`NODE_NS`]).
+    node_ns: Vec<Vec<Option<PathBuf>>>,
+    /// Per node, the daemons seen in its network namespace (PIDs in ours).
+    seen: Vec<std::collections::BTreeSet<u32>>,
+    /// Per node, whether its daemon's socket was seen in its run directory.
+    socket: Vec<bool>,
+    /// Per node, its daemon's socket.
+    socket_path: Vec<PathBuf>,
+    /// A daemon in a node's network namespace but not in all of the node's others.
+    misplaced: Vec<String>,
+}
+
+impl DaemonWatch {
+    fn new(cluster: &Cluster) -> DaemonWatch {
+        let n = cluster.nodes.len();
+        DaemonWatch {
+            node_ns: cluster.nodes.iter().map(|n| namespaces(n.init)).collect(),
+            seen: vec![Default::default(); n],
+            socket: vec![false; n],
+            socket_path: (0..n).map(|i| devd_socket(&cluster.dir, i)).collect(),
+            misplaced: Vec::new(),
+        }
+    }
+
+    /// The node whose network namespace `pid` is in.
+    fn node_of(&self, ns: &[Option<PathBuf>]) -> Option<usize> {
+        let net = ns.first()?.as_ref()?;
+        self.node_ns
+            .iter()
+            .position(|n| n.first().and_then(Option::as_ref) == Some(net))
+    }
+
+    fn scan(&mut self) {
+        for pid in devd_pids() {
+            let ns = namespaces(pid);
+            let Some(i) = self.node_of(&ns) else {
+                continue;
+            };
+            if self.seen[i].insert(pid) && ns != self.node_ns[i] {
+                let other: Vec<&str> = NODE_NS
+                    .iter()
+                    .zip(ns.iter().zip(&self.node_ns[i]))
+                    .filter(|(_, (a, b))| a != b)
+                    .map(|(name, _)| *name)
+                    .collect();
+                self.misplaced.push(format!(
+                    "node{i}: {DEVD} (pid {pid}) is in the node's network namespace but not in its {} namespace",
+                    other.join(", ")
+                ));
+            }
+        }
+        for (i, path) in self.socket_path.iter().enumerate() {
+            self.socket[i] |= path.exists();
+        }
+    }
+
+    /// The daemons still running in the nodes after `grace` (each as `node<i> pid <p>`).
+    fn left_running(&self, grace: Duration) -> Vec<String> {
+        let deadline = Instant::now() + grace;
+        loop {
+            let left: Vec<String> = devd_pids()
+                .into_iter()
+                .filter_map(|pid| {
+                    let i = self.node_of(&namespaces(pid))?;
+                    Some(format!("node{i} pid {pid}"))
+                })
+                .collect();
+            if left.is_empty() || Instant::now() >= deadline {
+                return left;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// What the step's figure says of the daemons, or what is wrong with them: with
+    /// `shared`, each node ran one in all of its namespaces, listening in its run directory;
+    /// without, none ran; and none is left.
+    fn verdict(&self, shared: bool, left: &[String]) -> Result<String, String> {
+        if !left.is_empty() {
+            return Err(format!(
+                "{DEVD} still running after the step's processes were killed: {}",
+                left.join(", ")
+            ));
+        }
+        if !self.misplaced.is_empty() {
+            return Err(self.misplaced.join("; "));
+        }
+        if !shared {
+            return match self.seen.iter().position(|s| !s.is_empty()) {
+                Some(i) => Err(format!("a {DEVD} ran in node{i} without BLUERDMA_SHARED")),
+                None => Ok(String::new()),
+            };
+        }
+        let mut per_node = Vec::new();
+        for (i, pids) in self.seen.iter().enumerate() {
+            if pids.is_empty() {
+                return Err(format!("no {DEVD} ran in node{i}"));
+            }
+            if !self.socket[i] {
+                return Err(format!(
+                    "node{i}'s {DEVD} ran but {} never appeared",
+                    self.socket_path[i].display()
+                ));
+            }
+            per_node.push(format!("node{i} {}", pids.len()));
+        }
+        Ok(format!(
+            "; {DEVD} per node ({}) in the node's {} namespaces, each on its own socket, none left",
+            per_node.join(", "),
+            NODE_NS.join("/")
+        ))
+    }
+}
+
+/// The `/proc/<pid>/ns/<ns>` links of `pid`, in [`NODE_NS`] order.
+fn namespaces(pid: u32) -> Vec<Option<PathBuf>> {
+    NODE_NS
+        .iter()
+        .map(|ns| fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok())
+        .collect()
+}
+
+/// The running (not zombie) `bluerdma-devd` processes of this machine.
+fn devd_pids() -> Vec<u32> {
+    let Ok(d) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                return false;
+            };
+            let state = stat[close + 1..].split_whitespace().next();
+            &stat[open + 1..close] == DEVD && state != Some("Z") && state != Some("X")
+        })
+        .collect()
 }
 
 fn examine_ucx_info(out: &str) -> Result<Figure, String> {
@@ -1007,14 +1276,151 @@ fn ep_cfg(out: &str, proof: &str) -> Result<usize, String> {
     }
 }
 
-fn examine_mpitest(out: &str, proof: &str) -> Result<Figure, String> {
+/// The start of a chunk in `mpirun --tag-output`'s output at `at`: `[<job>,<rank>]<stdout>:`
+/// (or `<stderr>`); the rank, the stream (true: stderr) and the marker's length.
+fn tag_at(s: &str, at: usize) -> Option<(usize, bool, usize)> {
+    let rest = s.get(at..)?.strip_prefix('[')?;
+    let close = rest.find(']')?;
+    let (job, rank) = rest[..close].split_once(',')?;
+    if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let rank: usize = rank.parse().ok()?;
+    let after = &rest[close + 1..];
+    let err = if after.starts_with("<stderr>:") {
+        true
+    } else if after.starts_with("<stdout>:") {
+        false
+    } else {
+        return None;
+    };
+    Some((rank, err, 1 + close + 1 + "<stdout>:".len()))
+}
+
+/// The lines each rank wrote, from `mpirun --tag-output`'s output, in the order they ended
+/// (`None`: mpirun's own lines). Open MPI writes every chunk it reads from a rank with the
+/// rank's tag before it; a chunk without a newline at its end (a line written in pieces,
+/// as an unbuffered stderr does) is followed on the same output line by the next chunk,
+/// of any rank. So a line is put back together per rank and stream, from its chunks.
+fn rank_lines(out: &str) -> Vec<(Option<usize>, String)> {
+    let mut lines = Vec::new();
+    let mut open: std::collections::HashMap<(usize, bool), String> = Default::default();
+    for line in out.lines() {
+        let starts: Vec<(usize, (usize, bool, usize))> = line
+            .match_indices('[')
+            .filter_map(|(i, _)| Some((i, tag_at(line, i)?)))
+            .collect();
+        if starts.first().is_none_or(|(i, _)| *i != 0) {
+            lines.push((None, line.to_string()));
+            continue;
+        }
+        for (k, &(i, (rank, err, len))) in starts.iter().enumerate() {
+            let end = starts.get(k + 1).map_or(line.len(), |(j, _)| *j);
+            let piece = open.entry((rank, err)).or_default();
+            piece.push_str(&line[i + len..end]);
+            // The last chunk of the output line ended with its newline.
+            if k + 1 == starts.len() {
+                lines.push((Some(rank), std::mem::take(piece)));
+            }
+        }
+    }
+    let mut rest: Vec<_> = open.into_iter().filter(|(_, t)| !t.is_empty()).collect();
+    rest.sort();
+    lines.extend(rest.into_iter().map(|((rank, _), t)| (Some(rank), t)));
+    lines
+}
+
+/// mpitest's output under `mpirun --tag-output` with `layout` on `nodes` nodes: all checks
+/// passed, `per_node` ranks on each node, and every rank's UCX log has an `ep_cfg` line
+/// naming `proof` (with shared devices, every rank's library also says it opened bluerdma0
+/// through the daemon at its node's address).
+fn examine_mpitest(out: &str, proof: &str, layout: Layout, nodes: usize) -> Result<Figure, String> {
+    let lines = rank_lines(out);
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let out = text.as_str();
     if let Some(l) = out.lines().find(|l| l.contains("mpitest: MISMATCH")) {
         return Err(l.trim().to_string());
     }
     if !out.contains("mpitest: all checks passed") {
         return Err("no `mpitest: all checks passed` line".into());
     }
-    let proofs = ep_cfg(out, proof)?;
+    let said = |what: &str| {
+        out.lines()
+            .find_map(|l| l.split_once("mpitest: ")?.1.strip_prefix(what))
+    };
+    // Which node each rank is on: `mpitest: <n> ranks on node0 node0 node1 node1`.
+    let hosts = out
+        .lines()
+        .find_map(|l| {
+            let rest = l.split_once("mpitest: ")?.1;
+            rest.split_once(" ranks on ").map(|(_, h)| h.trim())
+        })
+        .ok_or("no `mpitest: <n> ranks on` line")?;
+    let on: Vec<&str> = hosts.split_whitespace().collect();
+    let np = nodes * layout.per_node;
+    if on.len() != np {
+        return Err(format!("{} ranks ran, not {np}: {hosts}", on.len()));
+    }
+    for i in 0..nodes {
+        let here = on.iter().filter(|h| **h == format!("node{i}")).count();
+        if here != layout.per_node {
+            return Err(format!(
+                "{here} ranks on node{i}, not {}: {hosts}",
+                layout.per_node
+            ));
+        }
+    }
+    // `mpitest: pingpong rank 0 (node0) <-> rank 2 (node1)`: it must cross nodes.
+    let pair = said("pingpong rank 0 ").unwrap_or("").trim().to_string();
+    let ends: Vec<&str> = pair
+        .split(['(', ')'])
+        .filter(|w| w.starts_with("node"))
+        .collect();
+    if nodes > 1 && (ends.len() != 2 || ends[0] == ends[1]) {
+        return Err(format!("the ping-pong does not cross nodes: `{pair}`"));
+    }
+    // Each rank's lines.
+    let mut ep = vec![0usize; np];
+    let mut opened = vec![false; np];
+    for (rank, text) in lines.iter().filter_map(|(r, t)| Some(((*r)?, t))) {
+        if rank >= np {
+            continue;
+        }
+        if text.contains("ep_cfg") && text.contains(proof) {
+            ep[rank] += 1;
+        }
+        let text = text.as_str();
+        let ip = on[rank]
+            .strip_prefix("node")
+            .and_then(|i| i.parse::<usize>().ok())
+            .map(node_ip);
+        if let Some(ip) = ip {
+            opened[rank] |=
+                text.contains(&format!("{DEVICE}: shared")) && text.contains(&format!(" at {ip} "));
+        }
+    }
+    let missing = |bad: &dyn Fn(usize) -> bool| -> String {
+        (0..np)
+            .filter(|&r| bad(r))
+            .map(|r| format!("{r} ({})", on[r]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let no_ep = missing(&|r| ep[r] == 0);
+    if !no_ep.is_empty() {
+        return Err(format!(
+            "no ep_cfg line names {proof} on rank {no_ep} ({} on the others)",
+            ep.iter().sum::<usize>()
+        ));
+    }
+    if layout.shared {
+        let closed = missing(&|r| !opened[r]);
+        if !closed.is_empty() {
+            return Err(format!(
+                "no `bluerdma info: {DEVICE}: shared ... at <its node's address>` line on rank {closed}"
+            ));
+        }
+    }
     let pingpong = |size: usize| {
         out.lines().find_map(|l| {
             let rest = l.split("mpitest: pingpong ").nth(1)?;
@@ -1031,20 +1437,21 @@ fn examine_mpitest(out: &str, proof: &str) -> Result<Figure, String> {
     };
     let lat = pingpong(8).map(|(usec, _)| usec);
     let bw = pingpong(8 << 20).map(|(_, mb_s)| mb_s);
-    let hosts = out
-        .lines()
-        .find_map(|l| {
-            l.split("mpitest: ")
-                .nth(1)
-                .filter(|r| r.contains("ranks on"))
-        })
-        .unwrap_or("")
-        .to_string();
+    let between = if layout.per_node > 1 {
+        format!(" (rank 0 {pair})")
+    } else {
+        String::new()
+    };
     Ok(Figure {
         text: format!(
-            "8 B {} usec, 8 MiB {} MB/s; {hosts}; {proofs} ep_cfg lines with {proof}",
+            "8 B {} usec, 8 MiB {} MB/s{between}; {np} ranks on {hosts}; {proof} in every rank's ep_cfg{}",
             lat.map_or("?".into(), |v| format!("{v:.2}")),
             bw.map_or("?".into(), |v| format!("{v:.2}")),
+            if layout.shared {
+                format!(", each opened {DEVICE} shared")
+            } else {
+                String::new()
+            },
         ),
         bw,
         lat,
@@ -1089,6 +1496,16 @@ fn print_report(steps: &[Step], nodes: usize, start: Instant, dir: &Path) {
         ("UCP sockaddr 4 MiB MB/s", "UCP sockaddr", |f: &Figure| f.bw),
         ("MPI ping-pong 8 B usec", "MPI mpitest", |f: &Figure| f.lat),
         ("MPI ping-pong 8 MiB MB/s", "MPI mpitest", |f: &Figure| f.bw),
+        (
+            "MPI 2/node shared 8 B usec",
+            "MPI mpitest 2/node shared",
+            |f: &Figure| f.lat,
+        ),
+        (
+            "MPI 2/node shared 8 MiB MB/s",
+            "MPI mpitest 2/node shared",
+            |f: &Figure| f.bw,
+        ),
     ] {
         println!(
             "{name:<28} {:>14} {:>14}",
@@ -1137,11 +1554,80 @@ mod tests {
         let info = "# Memory domain: bluerdma0\n#      Transport: rc_verbs\n#   < failed to open interface >\n#      Transport: ud_verbs\n#  capabilities:\n# Memory domain: cma\n";
         let f = examine_ucx_info(info).unwrap();
         assert_eq!(f.text, "md bluerdma0 listed; rc_verbs FAILED, ud_verbs ok");
-        let mpi = "mpitest: 2 ranks on node0 node1\nmpitest: pingpong 8 B 4.00 usec 2.00 MB/s\n\
-                   [x] UCX  INFO  ep_cfg[1]: tag(tcp/eth0)\nmpitest: pingpong 8388608 B 900.00 usec 9320.68 MB/s\n\
-                   mpitest: all checks passed on 2 ranks\n";
-        let f = examine_mpitest(mpi, "tcp/eth0").unwrap();
+        let mpi = "[1,0]<stdout>:mpitest: 2 ranks on node0 node1\n\
+                   [1,0]<stdout>:mpitest: pingpong rank 0 (node0) <-> rank 1 (node1)\n\
+                   [1,0]<stdout>:mpitest: pingpong 8 B 4.00 usec 2.00 MB/s\n\
+                   [1,0]<stderr>:[x] UCX  INFO  ep_cfg[1]: tag(tcp/eth0)\n\
+                   [1,0]<stdout>:mpitest: pingpong 8388608 B 900.00 usec 9320.68 MB/s\n\
+                   [1,1]<stderr>:[y] UCX  INFO  ep_cfg[0]: tag(tcp/eth0)\n\
+                   [1,0]<stdout>:mpitest: all checks passed on 2 ranks\n";
+        let f = examine_mpitest(mpi, "tcp/eth0", Layout::ONE, 2).unwrap();
         assert_eq!((f.lat, f.bw), (Some(4.0), Some(9320.68)));
-        assert!(examine_mpitest(mpi, "rc_verbs/bluerdma0").is_err());
+        assert!(examine_mpitest(mpi, "rc_verbs/bluerdma0", Layout::ONE, 2).is_err());
+        // Rank 1 without its own ep_cfg line fails, whatever rank 0 says.
+        let rank0_only: String = mpi
+            .lines()
+            .filter(|l| !l.starts_with("[1,1]"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let e = examine_mpitest(&rank0_only, "tcp/eth0", Layout::ONE, 2).unwrap_err();
+        assert!(e.contains("rank 1 (node1)"), "{e}");
+        // Placement: 2 ranks on one node is not one per node.
+        let crowded = mpi.replace("ranks on node0 node1", "ranks on node0 node0");
+        assert!(examine_mpitest(&crowded, "tcp/eth0", Layout::ONE, 2).is_err());
+    }
+
+    #[test]
+    fn shared_runs_are_checked_on_every_rank() {
+        let mut out = String::from(
+            "[1,0]<stdout>:mpitest: 4 ranks on node0 node0 node1 node1\n\
+             [1,0]<stdout>:mpitest: pingpong rank 0 (node0) <-> rank 2 (node1)\n\
+             [1,0]<stdout>:mpitest: all checks passed on 4 ranks\n",
+        );
+        for r in 0..4 {
+            let ip = node_ip(r / 2);
+            out.push_str(&format!(
+                "[1,{r}]<stderr>:bluerdma info: bluerdma0: shared emulated device at {ip} (slot {r}, QP indices 0..1)\n\
+                 [1,{r}]<stderr>:[t] UCX  INFO  ep_cfg[0]: tag(posix/memory cma/memory)\n\
+                 [1,{r}]<stderr>:[t] UCX  INFO  ep_cfg[1]: tag(rc_verbs/bluerdma0:1)\n"
+            ));
+        }
+        // A line written in pieces is tagged before each piece.
+        out = out.replace(
+            "[1,1]<stderr>:bluerdma info: bluerdma0: shared emulated device at 10.77.0.10 (",
+            "[1,1]<stderr>:bluerdma [1,1]<stderr>:info[1,1]<stderr>:: bluerdma0: shared \
+             emulated device at [1,1]<stderr>:10.77.0.10 (",
+        );
+        assert!(out.contains("[1,1]<stderr>:info"));
+        // Rank 0's unfinished chunk before rank 1's line, on one output line.
+        out = out.replace(
+            "[1,0]<stderr>:bluerdma info: bluerdma0: shared emulated device at 10.77.0.10 (",
+            "[1,0]<stderr>:bluerdma [1,2]<stderr>:x\n[1,0]<stderr>:info: bluerdma0: shared emulated \
+             device at 10.77.0.10 (",
+        );
+        assert!(out.contains("[1,0]<stderr>:bluerdma [1,2]"));
+        let f = examine_mpitest(&out, "rc_verbs/bluerdma0", Layout::SHARED, 2).unwrap();
+        assert!(
+            f.text.contains("(rank 0 (node0) <-> rank 2 (node1))"),
+            "{}",
+            f.text
+        );
+        // Rank 3 talked over shared memory only.
+        let shm_only = out.replace(
+            "[1,3]<stderr>:[t] UCX  INFO  ep_cfg[1]: tag(rc_verbs/bluerdma0:1)\n",
+            "",
+        );
+        let e = examine_mpitest(&shm_only, "rc_verbs/bluerdma0", Layout::SHARED, 2).unwrap_err();
+        assert!(e.contains("rank 3 (node1)"), "{e}");
+        // Rank 2 opened the device at the other node's address (or not shared).
+        let wrong = out.replace(
+            "device at 10.77.0.11 (slot 2",
+            "device at 10.77.0.10 (slot 2",
+        );
+        let e = examine_mpitest(&wrong, "rc_verbs/bluerdma0", Layout::SHARED, 2).unwrap_err();
+        assert!(e.contains("rank 2 (node1)"), "{e}");
+        // A ping-pong inside one node is not the NIC's figure.
+        let local = out.replace("<-> rank 2 (node1)", "<-> rank 1 (node0)");
+        assert!(examine_mpitest(&local, "rc_verbs/bluerdma0", Layout::SHARED, 2).is_err());
     }
 }

@@ -19,7 +19,7 @@ use super::page::{HubLayout, Page, PageLayout, PAGE_LEN, PAGE_MAGIC};
 use super::proto::{frame_len, read_frame, write_frame, Reply, Request, Welcome, VERSION};
 use super::sys::{futex_wait, peer_pid, send_with_fd, Segment};
 use crate::backend::{BackendHandle, BackendKind};
-use crate::devices::{DeviceList, Settings};
+use crate::devices::Settings;
 use crate::oob::relay::RelayHub;
 
 /// Clients one device serves at once (the card's tables are split among them).
@@ -52,7 +52,10 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}: {e}", cfg.socket.display()))?;
     let _ = set_mode(&cfg.socket, 0o600);
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let list = DeviceList::from_env().map_err(|e| e.to_string())?;
+    // The list its clients see (the same rule: in a network namespace of its own with one
+    // address, without BLUERDMA_DEVICES, bluerdma0 at that address), or a client of a
+    // namespaced node would start a daemon that does not know its device.
+    let list = crate::devices::discover().map_err(|e| e.to_string())?;
     let entry = list
         .get(&cfg.device)
         .ok_or_else(|| format!("no device {} in the device list", cfg.device))?

@@ -1152,4 +1152,20 @@ mod tests {
         assert_eq!(roce_dest_qpn(&f[..20]), None);
         assert_eq!(roce_dest_qpn(&[]), None);
     }
+
+    #[test]
+    fn ud_frames_name_a_qp_whose_index_is_in_the_senders_window() {
+        let mut f = vec![0u8; 14 + 20 + 8 + 12 + 4];
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[14 + 9] = 17;
+        f[34 + 2..34 + 4].copy_from_slice(&UD_UDP_PORT.to_be_bytes());
+        // The library's UD QPN on a shared device: 0x800000 | index << 8 | n.
+        let qpn: u32 = 0x80_0000 | (130 << 8) | 5;
+        f[42 + 5..42 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        assert_eq!(roce_dest_qpn(&f), Some(qpn));
+        let index = (qpn >> 8) & 0x3FF;
+        assert!(TableWindows::split(8, 1).unwrap().qp_index.contains(&index));
+        assert!(!TableWindows::split(8, 0).unwrap().qp_index.contains(&index));
+    }
 }
