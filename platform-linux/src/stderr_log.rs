@@ -17,12 +17,16 @@ impl log::Log for StderrLog {
     }
     fn log(&self, r: &log::Record<'_>) {
         if self.enabled(r.metadata()) {
-            eprintln!(
-                "{} {}: {}",
+            use std::io::Write;
+            // One write per line: a reader that tags what it reads (mpirun --tag-output)
+            // must not see a line in pieces.
+            let line = format!(
+                "{} {}: {}\n",
                 self.prefix,
                 r.level().as_str().to_lowercase(),
                 r.args()
             );
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
         }
     }
     fn flush(&self) {}

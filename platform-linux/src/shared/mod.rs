@@ -167,11 +167,21 @@ fn connect_or_start(entry: &DeviceEntry, path: &Path) -> std::io::Result<UnixStr
     }
     let devd = find_devd()?;
     log::info!("{}: starting {} for it", entry.name, devd.display());
+    // Its log goes to a file beside the socket, not to this process's stdout and stderr: a
+    // daemon that outlives the program must not hold them open (mpirun waits for them).
+    let log_path = path.with_extension("log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", log_path.display())))?;
     let mut child = std::process::Command::new(&devd)
         .arg(&entry.name)
         .arg("--socket")
         .arg(path)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
         .spawn()
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", devd.display())))?;
     let start = Instant::now();
