@@ -1124,6 +1124,11 @@ impl PairRunner {
     }
 }
 
+/// What the error of a pair says when perftest itself gave up before its report because its
+/// CPU clock calibration failed (`Correlation coefficient r^2: 0.70 < 0.9`, `Can't produce a
+/// report`): the machine was too busy while it timed its clock, not a transfer error.
+pub(crate) const CLOCK_CALIBRATION: &str = "perftest's CPU clock calibration failed";
+
 /// The figure of one pair's runs (server and client), or its first failure (whose log's
 /// last lines are printed).
 fn figure_of(tool: &str, runs: &[ToolRun]) -> PairFigure {
@@ -1139,9 +1144,15 @@ fn figure_of(tool: &str, runs: &[ToolRun]) -> PairFigure {
                 bad.problem.as_deref().unwrap_or(&bad.command),
                 bad.log.display()
             );
-            print_tail_folded(&read_log(&bad.log), 12);
+            let out = read_log(&bad.log);
+            print_tail_folded(&out, 12);
+            let calibration = if out.contains("Correlation coefficient") {
+                format!(": {CLOCK_CALIBRATION} (r^2 < 0.9, the machine was busy)")
+            } else {
+                String::new()
+            };
             Err(format!(
-                "{} {} failed (exit {})",
+                "{} {} failed (exit {}){calibration}",
                 bad.label, bad.role, bad.exit
             ))
         }
