@@ -7,6 +7,8 @@
 //!   that xtask itself stays free of dependencies).
 //! - `cargo xtask perftest`: ibverbs-utils and perftest over the libibverbs.so.1 stand-in
 //!   on the emulated NIC, next to a TCP baseline (`perftest.rs`).
+//! - `cargo xtask shared-perf`: N perftest pairs at once on two devices shared between
+//!   processes (`BLUERDMA_SHARED=1`), next to one exclusive pair (`shared_perf.rs`).
 //! - `cargo xtask bench`: the headline figures next to their same-run baselines
 //!   (`bench.rs`).
 //! - `cargo xtask cluster [N]`: UCX and Open MPI over the stand-in on N namespaced nodes
@@ -28,6 +30,7 @@ mod fuzz;
 mod perftest;
 mod pyverbs;
 mod rdmacm;
+mod shared_perf;
 mod stress;
 
 use std::env;
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Some("sim") => sim(&root, &args[1..]),
         Some("doctor") => doctor(&root, &args[1..]),
         Some("perftest") => perftest::perftest(&root, &args[1..]),
+        Some("shared-perf") => shared_perf::shared_perf(&root, &args[1..]),
         Some("bench") => bench::bench(&root, &args[1..]),
         Some("cluster") => cluster::cluster(&root, &args[1..]),
         Some("rdmacm") => rdmacm::rdmacm(&root, &args[1..]),
@@ -101,6 +105,10 @@ fn print_help() {
          perftest [opts] ibverbs-utils and perftest (ib_write_bw, ...) over\n                 \
          target/ibverbs/libibverbs.so.1 on the emulated NIC, with a TCP baseline;\n                 \
          a table, non-zero exit on any failure (`cargo xtask perftest --help`)\n  \
+         shared-perf [opts] N perftest pairs at once (default 1, 2, 4) on the two devices\n                 \
+         shared by all tools (BLUERDMA_SHARED=1, one bluerdma-devd per device), each\n                 \
+         pair's figure and the sum next to one exclusive pair, and the post_send rate\n                 \
+         of N processes; also `perftest --shared N` (`cargo xtask shared-perf --help`)\n  \
          bench [opts]   the headline figures (ib_write_bw, ib_write_lat, post_send rate, CPU\n                 \
          per GB) each next to its same-run baseline (`cargo xtask bench --help`)\n  \
          cluster [N]    UCX (ucx_info, ucx_perftest) and an MPI test on N emulated nodes\n                 \
@@ -325,6 +333,7 @@ fn ci(root: &Path, args: &[String]) -> Result<(), String> {
         rows.extend(firmware::firmware_checks(root, &logs));
     }
     rows.push(perftest::ci_row(root, quick, backends::Backend::Emulated));
+    rows.push(shared_perf::ci_row(root));
     rows.push(rdmacm::ci_row(root));
     rows.push(ecosystem::ci_row(root));
     rows.push(pyverbs::ci_row(root));

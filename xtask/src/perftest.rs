@@ -48,6 +48,7 @@ const TAIL: usize = 25;
 const USAGE: &str = "\
 usage: cargo xtask perftest [--quick] [--keep-going] [--only TEXT] [--timeout SECS] [--port N]
                             [--backend emulated|rtl|pci]
+       cargo xtask perftest --shared N [shared-perf options]
 
 Builds target/ibverbs/libibverbs.so.1 (the blue-rdma stand-in) and runs ibverbs-utils and
 perftest over it on the emulated NIC (bluerdma0 = server, bluerdma1 = client; the devices
@@ -67,6 +68,8 @@ options:
   --timeout SECS  hard limit per command; both ends of a pair are killed (default 30)
   --port N        first TCP exchange port (-p); pair i uses N + i (default 18600)
   --backend NAME  emulated (default), rtl or pci
+  --shared N      instead: N pairs at once on the two devices shared (BLUERDMA_SHARED=1),
+                  as `cargo xtask shared-perf --pairs N` (`cargo xtask shared-perf --help`)
 ";
 
 /// Options of one run.
@@ -160,6 +163,15 @@ impl Opts {
 pub fn perftest(root: &Path, args: &[String]) -> Result<(), String> {
     if args.first().map(String::as_str) == Some(TCP_BASELINE) {
         return tcp_baseline_main(&args[1..]);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--shared") {
+        let n = args
+            .get(i + 1)
+            .ok_or("perftest: --shared needs a number of pairs")?;
+        let mut rest = vec!["--pairs".to_string(), n.clone()];
+        rest.extend(args[..i].iter().cloned());
+        rest.extend(args.get(i + 2..).unwrap_or(&[]).iter().cloned());
+        return super::shared_perf::shared_perf(root, &rest);
     }
     let Some(opts) = Opts::parse(args)? else {
         return Ok(());
@@ -440,6 +452,18 @@ fn device_ips() -> Vec<String> {
     }
 }
 
+/// Waits until no process binds the devices' link ports (a shared device's daemon exits
+/// 3 s after its last client), up to `limit`; then [`check_link_ports_free`]'s answer.
+pub(crate) fn wait_link_ports_free(ips: &[String], limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match check_link_ports_free(ips) {
+            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(100)),
+            done => return done,
+        }
+    }
+}
+
 /// Each opened device binds UDP `<ip>:4791`; a stray process holding it makes every tool
 /// fail with `Address already in use`, so say so once, up front.
 fn check_link_ports_free(ips: &[String]) -> Result<(), String> {
@@ -592,6 +616,14 @@ impl Proc {
         self.ended.unwrap_or_else(Instant::now) - self.started
     }
 
+    /// When the command started and ended (`None` while it runs or if it never started).
+    fn span(&self) -> Option<(Instant, Instant)> {
+        match (self.exit, self.ended) {
+            (Some(Exit::NoStart), _) | (_, None) => None,
+            (_, Some(end)) => Some((self.started, end)),
+        }
+    }
+
     /// CPU seconds (user + system) the command used, as last sampled (every 20 ms by
     /// [`wait_all`]; the last sample of a command that ended is its total).
     pub(crate) fn cpu_seconds(&self) -> f64 {
@@ -676,6 +708,8 @@ struct ToolRun {
     command: String,
     /// CPU seconds the command used.
     cpu_s: f64,
+    /// When it started and ended.
+    span: Option<(Instant, Instant)>,
 }
 
 impl ToolRun {
@@ -861,14 +895,128 @@ impl RunCtx<'_> {
     }
 }
 
+impl RunCtx<'_> {
+    /// `ports.len()` pairs of `pair` at once: every server on the first device (pair `i`
+    /// with exchange port `ports[i]`), then, once all of them listen (or have ended), every
+    /// client on the second; one deadline for all. The runs of each pair, server first.
+    fn pairs_at_once(&self, pair: &Pair, ports: &[u16], server_ip: &str) -> Vec<[ToolRun; 2]> {
+        let base = format!("{} {}", pair.tool, pair.tag).trim().to_string();
+        let args = |port: u16, device: &str, peer: Option<&str>| {
+            let mut a = vec!["-d".to_string(), device.into()];
+            a.extend(pair.args.iter().cloned());
+            a.extend(["-p".into(), port.to_string()]);
+            a.extend(peer.map(String::from));
+            a
+        };
+        let cmd = |args: &[String]| format!("{} {}", pair.tool, args.join(" "));
+        struct One {
+            label: String,
+            server: Vec<String>,
+            client: Vec<String>,
+            logs: [PathBuf; 2],
+        }
+        let ones: Vec<One> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| {
+                let label = format!("{base} #{}", i + 1);
+                let logs = [self.log(&label, "server"), self.log(&label, "client")];
+                One {
+                    server: args(port, "bluerdma0", None),
+                    client: args(port, "bluerdma1", Some(server_ip)),
+                    label,
+                    logs,
+                }
+            })
+            .collect();
+        let rows = |one: &One, procs: [&Proc; 2]| -> [ToolRun; 2] {
+            let [s, c] = procs;
+            [
+                finish(
+                    one.label.clone(),
+                    "server",
+                    s,
+                    pair.check,
+                    0,
+                    one.logs[0].clone(),
+                    cmd(&one.server),
+                ),
+                finish(
+                    one.label.clone(),
+                    "client",
+                    c,
+                    pair.check,
+                    0,
+                    one.logs[1].clone(),
+                    cmd(&one.client),
+                ),
+            ]
+        };
+        if let Some(&taken) = ports.iter().find(|&&p| listening(p)) {
+            let note = format!("TCP port {taken} is already in use; pick another with --port");
+            let none = Proc::failed_to_start();
+            return ones
+                .iter()
+                .map(|one| {
+                    let mut r = rows(one, [&none, &none]);
+                    for run in &mut r {
+                        run.problem = Some(note.clone());
+                        run.figure = note.clone();
+                    }
+                    r
+                })
+                .collect();
+        }
+        for one in &ones {
+            println!("perftest: {}  &&  {}", cmd(&one.server), cmd(&one.client));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut servers: Vec<Proc> = ones
+            .iter()
+            .map(|one| self.spawn(pair.tool, &one.server, &one.logs[0]))
+            .collect();
+        // The clients start once every server listens, so that all pairs run together.
+        loop {
+            let waiting = servers
+                .iter_mut()
+                .zip(ports)
+                .any(|(s, &port)| !s.poll() && !listening(port));
+            if !waiting || Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let clients: Vec<Proc> = ones
+            .iter()
+            .zip(servers.iter_mut())
+            .zip(ports)
+            .map(|((one, s), &port)| {
+                if !s.poll() && listening(port) {
+                    self.spawn(pair.tool, &one.client, &one.logs[1])
+                } else {
+                    let _ = File::create(&one.logs[1]);
+                    Proc::failed_to_start()
+                }
+            })
+            .collect();
+        let mut procs: Vec<Proc> = servers.into_iter().chain(clients).collect();
+        wait_all(&mut procs, deadline);
+        let n = ones.len();
+        ones.iter()
+            .enumerate()
+            .map(|(i, one)| rows(one, [&procs[i], &procs[n + i]]))
+            .collect()
+    }
+}
+
 /// One perftest server/client pair at a time through the stand-in, for `cargo xtask bench`
-/// (`bench.rs`): the library built, the tools installed, the devices of
-/// `BLUERDMA_DEVICES` (or the default two) checked free.
+/// (`bench.rs`), or several pairs at once (`shared_perf.rs`): the library built, the tools
+/// installed, the devices of `BLUERDMA_DEVICES` (or the default two) checked free.
 pub(crate) struct PairRunner {
     lib_dir: PathBuf,
     logs: PathBuf,
     timeout: Duration,
-    server_ip: String,
+    ips: Vec<String>,
 }
 
 /// What one pair measured.
@@ -878,6 +1026,8 @@ pub(crate) struct PairFigure {
     pub(crate) value: Result<f64, String>,
     /// CPU seconds of both processes together.
     pub(crate) cpu_s: f64,
+    /// When the client started and ended (`None` if it did not start).
+    pub(crate) client_span: Option<(Instant, Instant)>,
 }
 
 impl PairRunner {
@@ -903,8 +1053,59 @@ impl PairRunner {
             lib_dir,
             logs,
             timeout,
-            server_ip: ips[0].clone(),
+            ips,
         })
+    }
+
+    /// The device addresses (bluerdma0's first).
+    pub(crate) fn ips(&self) -> &[String] {
+        &self.ips
+    }
+
+    /// The directory of the stand-in (and of `bluerdma-devd`).
+    pub(crate) fn lib_dir(&self) -> &Path {
+        &self.lib_dir
+    }
+
+    fn ctx<'a>(&'a self, env: &'a [(String, String)]) -> RunCtx<'a> {
+        RunCtx {
+            lib_dir: &self.lib_dir,
+            logs: &self.logs,
+            timeout: self.timeout,
+            env,
+        }
+    }
+
+    fn pair_of(tool: &'static str, tag: &'static str, args: &[String]) -> Pair {
+        let check = if tool.ends_with("_lat") {
+            Check::Lat
+        } else {
+            Check::Bw
+        };
+        Pair {
+            tool,
+            tag,
+            args: args.to_vec(),
+            check,
+        }
+    }
+
+    /// `ports.len()` pairs of `tool ARGS` at once (pair `i` with `-p ports[i]`), servers on
+    /// bluerdma0 and clients on bluerdma1, with `env` added; the figure of each pair.
+    pub(crate) fn run_at_once(
+        &self,
+        tool: &'static str,
+        tag: &'static str,
+        args: &[String],
+        env: &[(String, String)],
+        ports: &[u16],
+    ) -> Vec<PairFigure> {
+        let pair = Self::pair_of(tool, tag, args);
+        self.ctx(env)
+            .pairs_at_once(&pair, ports, &self.ips[0])
+            .iter()
+            .map(|runs| figure_of(tool, runs))
+            .collect()
     }
 
     /// Runs `tool ARGS -p PORT` as server on bluerdma0 and client on bluerdma1 with `env`
@@ -917,48 +1118,52 @@ impl PairRunner {
         env: &[(String, String)],
         port: u16,
     ) -> PairFigure {
-        let ctx = RunCtx {
-            lib_dir: &self.lib_dir,
-            logs: &self.logs,
-            timeout: self.timeout,
-            env,
-        };
-        let check = if tool.ends_with("_lat") {
-            Check::Lat
-        } else {
-            Check::Bw
-        };
-        let pair = Pair {
-            tool,
-            tag,
-            args: args.to_vec(),
-            check,
-        };
-        let runs = ctx.pair(&pair, port, &self.server_ip);
-        let cpu_s = runs.iter().map(|r| r.cpu_s).sum();
-        let value = match runs.iter().find(|r| !r.ok()) {
-            Some(bad) => {
-                eprintln!(
-                    "bench: FAILED {} {} (exit {}): {}; last lines of {}:",
-                    bad.label,
-                    bad.role,
-                    bad.exit,
-                    bad.problem.as_deref().unwrap_or(&bad.command),
-                    bad.log.display()
-                );
-                print_tail_folded(&read_log(&bad.log), 12);
-                Err(format!(
-                    "{} {} failed (exit {})",
-                    bad.label, bad.role, bad.exit
-                ))
-            }
-            None => runs
-                .iter()
-                .find(|r| r.role == "client")
-                .and_then(|r| r.value)
-                .ok_or_else(|| format!("{tool}: no figure")),
-        };
-        PairFigure { value, cpu_s }
+        let pair = Self::pair_of(tool, tag, args);
+        let runs = self.ctx(env).pair(&pair, port, &self.ips[0]);
+        figure_of(tool, &runs)
+    }
+}
+
+/// What the error of a pair says when perftest itself gave up before its report because its
+/// CPU clock calibration failed (`Correlation coefficient r^2: 0.70 < 0.9`, `Can't produce a
+/// report`): the machine was too busy while it timed its clock, not a transfer error.
+pub(crate) const CLOCK_CALIBRATION: &str = "perftest's CPU clock calibration failed";
+
+/// The figure of one pair's runs (server and client), or its first failure (whose log's
+/// last lines are printed).
+fn figure_of(tool: &str, runs: &[ToolRun]) -> PairFigure {
+    let cpu_s = runs.iter().map(|r| r.cpu_s).sum();
+    let client = runs.iter().find(|r| r.role == "client");
+    let value = match runs.iter().find(|r| !r.ok()) {
+        Some(bad) => {
+            eprintln!(
+                "FAILED {} {} (exit {}): {}; last lines of {}:",
+                bad.label,
+                bad.role,
+                bad.exit,
+                bad.problem.as_deref().unwrap_or(&bad.command),
+                bad.log.display()
+            );
+            let out = read_log(&bad.log);
+            print_tail_folded(&out, 12);
+            let calibration = if out.contains("Correlation coefficient") {
+                format!(": {CLOCK_CALIBRATION} (r^2 < 0.9, the machine was busy)")
+            } else {
+                String::new()
+            };
+            Err(format!(
+                "{} {} failed (exit {}){calibration}",
+                bad.label, bad.role, bad.exit
+            ))
+        }
+        None => client
+            .and_then(|r| r.value)
+            .ok_or_else(|| format!("{tool}: no figure")),
+    };
+    PairFigure {
+        value,
+        cpu_s,
+        client_span: client.and_then(|r| r.span),
     }
 }
 
@@ -1035,6 +1240,7 @@ fn finish(
         log,
         command,
         cpu_s: p.cpu_seconds(),
+        span: p.span(),
     }
 }
 
