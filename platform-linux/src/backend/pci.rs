@@ -3,6 +3,9 @@
 //! that BAR0 answers, and each failure turned into the errno and the fix a card owner can
 //! act on. The same code drives the fake card of `bluerdma-sim pci-serve` (a sysfs tree
 //! under a root directory whose BAR and DMA another process serves).
+//!
+//! A process that shares the card through its daemon (which opened it with [`open`]) takes
+//! only the memory parts, [`client_memory`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,10 +19,10 @@ use super::{
 };
 use crate::bar::BarError;
 use crate::card::{open_card, CardConfig, CardError, DmaSource};
-use crate::dma::{DmaError, UdmaBufConfig};
+use crate::dma::{DmaError, HugePageDma, UdmaBufConfig};
 use crate::paths::SystemPaths;
 use crate::pci::{PciDevice, PciError, PciSelector};
-use crate::umem::{CompactionPolicy, UmemError};
+use crate::umem::{CompactionPolicy, HostUmem, UmemError};
 
 /// How to open the card of one device entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -114,6 +117,31 @@ pub fn open_with(name: &str, card: &CardConfig) -> Result<Backend, OpenError> {
         }),
         inline: None,
     })
+}
+
+/// Hugepages a process sharing the card takes for its engine's DMA buffers unless the entry
+/// says `hugepages=N` (it needs two or three; they are mapped as needed).
+pub const SHARED_DMA_PAGES: usize = 4;
+
+/// The memory parts of a process that shares the card through its daemon, which owns BAR0:
+/// DMA buffers from this process's own 2 MiB hugepages (`hugepages=N` of the entry, else
+/// [`SHARED_DMA_PAGES`]; never the u-dma-buf buffer, which the daemon holds and which every
+/// process that can open its node could map) and the resolver that pins user memory and
+/// translates it through this process's page map. Both give bus addresses, which the
+/// client claims ([`crate::shared::proto::Request::Claim`]).
+pub fn client_memory(name: &str, cfg: &PciConfig) -> Result<(HugePageDma, HostUmem), OpenError> {
+    let card = cfg.card_config();
+    if cfg.udmabuf.is_some() {
+        log::info!(
+            "{name}: a process sharing the card takes hugepages for its DMA buffers, not the \
+             u-dma-buf buffer (the daemon's)"
+        );
+    }
+    let dma = HugePageDma::new(&card.paths, cfg.hugepages.unwrap_or(SHARED_DMA_PAGES))
+        .map_err(|e| classify(name, &card, &CardError::Dma(e)))?;
+    let mem = HostUmem::with(card.paths.clone(), card.compaction)
+        .map_err(|e| classify(name, &card, &CardError::Umem(e)))?;
+    Ok((dma, mem))
 }
 
 /// The errno of an I/O error: EACCES for a missing privilege, else the OS's own.

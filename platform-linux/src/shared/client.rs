@@ -1,6 +1,8 @@
 //! A client of a shared device: its engine runs in this process on its own virtual ring set
-//! (the register page), its memory is reached by the card through the daemon's mappings,
-//! and its out-of-band records go through the daemon's relay.
+//! (the register page), its memory is reached by the card through the daemon's mappings
+//! (the emulated card, the RTL simulator's protocol) or, on the PCI card, at the bus
+//! addresses this process pinned and translated itself and claimed ([`super::claim`]), and
+//! its out-of-band records go through the daemon's relay.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::HashMap;
@@ -22,9 +24,13 @@ use bluerdma_core::platform::{
 use super::page::{wait_reports, ClientRegs, HubLayout, Page, PageLayout, PAGE_LEN, PAGE_MAGIC};
 use super::proto::{read_frame, write_frame, Reply, Request, Welcome, VERSION};
 use super::sys::{recv_with_fd, Segment};
+use crate::backend::pci::PciConfig;
 use crate::backend::{
-    Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs, InlineCard, Tuning,
+    Backend, BackendHandle, BackendKind, BufferKind, DynDma, DynMem, DynRegs, InlineCard,
+    OpenError, Tuning,
 };
+use crate::dma::HugePageDma;
+use crate::umem::HostUmem;
 
 /// The control connection: one request and its reply at a time.
 pub struct Control {
@@ -32,19 +38,43 @@ pub struct Control {
     name: String,
 }
 
+/// The daemon's refusal of a request ([`Reply::Fail`]), inside the error of
+/// [`Control::call`] ([`refused_errno`] reads its errno back).
+#[derive(Debug)]
+pub struct Refused {
+    /// The errno.
+    pub errno: i32,
+    /// Why, with the device's name.
+    pub msg: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// The errno of a refusal, if `e` is one ([`Control::call`]).
+pub fn refused_errno(e: &io::Error) -> Option<i32> {
+    e.get_ref()?.downcast_ref::<Refused>().map(|r| r.errno)
+}
+
 impl Control {
-    /// Sends `req` and waits for the reply (a refusal becomes the error).
+    /// Sends `req` and waits for the reply (a refusal becomes the error: [`Refused`]).
     pub fn call(&self, req: &Request) -> io::Result<Reply> {
         let mut s = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         write_frame(&mut *s, &req.encode())?;
         let reply = Reply::decode(&read_frame(&mut *s)?)?;
         if let Reply::Fail { errno, msg } = &reply {
-            return Err(io::Error::from_raw_os_error(*errno)).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("{}: the daemon refused: {msg}", self.name),
-                )
-            });
+            return Err(io::Error::new(
+                io::Error::from_raw_os_error(*errno).kind(),
+                Refused {
+                    errno: *errno,
+                    msg: format!("{}: the daemon refused: {msg}", self.name),
+                },
+            ));
         }
         Ok(reply)
     }
@@ -77,6 +107,38 @@ impl Control {
     fn unmap(&self, dev: DeviceAddr) {
         if let Err(e) = self.call(&Request::Unmap { dev: dev.0 }) {
             log::warn!("{}: unmap of {:#x}: {e}", self.name, dev.0);
+        }
+    }
+
+    /// Claims `len` bytes at `va`, which the card reaches at `dev` ([`Request::Claim`]).
+    fn claim(&self, va: u64, len: u64, dev: u64, dma: bool) -> Result<(), PlatformError> {
+        match self.call(&Request::Claim { va, len, dev, dma }) {
+            Ok(Reply::Done) => Ok(()),
+            Ok(other) => {
+                log::error!("{}: a claim answered with {other:?}", self.name);
+                Err(PlatformError::NotMapped { va: VirtAddr(va) })
+            }
+            Err(e) => {
+                log::warn!(
+                    "{}: claim of {len} bytes at {va:#x} (bus address {dev:#x}): {e}",
+                    self.name
+                );
+                Err(match refused_errno(&e) {
+                    Some(libc::EPERM) | Some(libc::EACCES) => PlatformError::NotPermitted,
+                    Some(libc::ENOMEM) => PlatformError::OutOfMemory {
+                        requested: len as usize,
+                    },
+                    Some(errno) => PlatformError::Os(errno),
+                    None => PlatformError::NotMapped { va: VirtAddr(va) },
+                })
+            }
+        }
+    }
+
+    /// Drops the claims of user memory in `[dev, dev + len)` ([`Request::Unclaim`]).
+    fn unclaim(&self, dev: u64, len: u64) {
+        if let Err(e) = self.call(&Request::Unclaim { dev, len }) {
+            log::warn!("{}: unclaim of {len} bytes at {dev:#x}: {e}", self.name);
         }
     }
 }
@@ -149,8 +211,15 @@ impl Session {
         }
     }
 
-    /// The backend parts for an engine with pages of `page`.
-    pub fn backend(&self, page: PageSize) -> Backend {
+    /// The backend parts for an engine with pages of `page`, on device `name`; `pci` is
+    /// the device entry's card configuration where it names a PCI card (a client of a PCI
+    /// card takes its DMA and user memory from it, [`crate::backend::pci::client_memory`]).
+    pub fn backend(
+        &self,
+        name: &str,
+        page: PageSize,
+        pci: Option<&PciConfig>,
+    ) -> Result<Backend, OpenError> {
         let w = &self.welcome;
         let kind = match w.kind {
             1 => BackendKind::Rtl,
@@ -160,33 +229,65 @@ impl Session {
         let card = Arc::new(SharedCard {
             page: Arc::clone(&self.page),
         });
-        Backend {
+        let control = Arc::clone(&self.control);
+        let (dma, mem, buffers) = if w.claims() {
+            let cfg = pci.ok_or_else(|| {
+                OpenError::new(
+                    name,
+                    libc::EINVAL,
+                    "the daemon serves a PCI card, and this process's device list does not \
+                     say +pci for it (the same list must describe the device everywhere)",
+                )
+            })?;
+            let (dma, umem) = crate::backend::pci::client_memory(name, cfg)?;
+            (
+                DynDma(Box::new(ClaimDma {
+                    control: Arc::clone(&control),
+                    dma,
+                })),
+                DynMem(Box::new(ClaimMem {
+                    control: Arc::clone(&control),
+                    page,
+                    umem,
+                    claimed: HashMap::new(),
+                    pins: Vec::new(),
+                })),
+                BufferKind::HugePages,
+            )
+        } else {
+            (
+                DynDma(Box::new(ClientDma {
+                    control: Arc::clone(&control),
+                    layouts: Mutex::new(HashMap::new()),
+                })),
+                DynMem(Box::new(ClientMem {
+                    control: Arc::clone(&control),
+                    page,
+                    pins: Vec::new(),
+                })),
+                BufferKind::Heap,
+            )
+        };
+        Ok(Backend {
             kind,
             regs: DynRegs(Arc::new(ClientRegs::new(
                 Arc::clone(&self.page),
                 Arc::clone(&self.hub),
             ))),
-            dma: DynDma(Box::new(ClientDma {
-                control: Arc::clone(&self.control),
-                layouts: Mutex::new(HashMap::new()),
-            })),
-            mem: DynMem(Box::new(ClientMem {
-                control: Arc::clone(&self.control),
-                page,
-                pins: Vec::new(),
-            })),
+            dma,
+            mem,
             tuning: Tuning {
                 command_timeout: Duration::from_nanos(w.command_timeout_ns),
                 ack_timeout_min: Duration::from_nanos(w.ack_timeout_min_ns),
                 send_window: w.send_window,
             },
-            buffers: BufferKind::Heap,
+            buffers,
             handle: Box::new(ClientHandle {
                 _control: Arc::clone(&self.control),
                 page: Arc::clone(&self.page),
             }),
             inline: Some(card),
-        }
+        })
     }
 }
 
@@ -369,6 +470,166 @@ impl ClientMem {
     }
 }
 
+/// The engine's DMA buffers on the PCI card: this process's own hugepages, each buffer
+/// claimed at its bus address.
+struct ClaimDma {
+    control: Arc<Control>,
+    dma: HugePageDma,
+}
+
+// SAFETY: buffers come from the hugepage allocator (which upholds the obligations: zeroed,
+// aligned, reachable by the card at their bus address until freed); each is handed out only
+// once the daemon accepted its claim, and `free` withdraws the claim before the memory goes
+// back.
+unsafe impl DmaAllocator for ClaimDma {
+    fn alloc(&self, len: usize, align: usize) -> Result<DmaBuffer, PlatformError> {
+        let buf = self.dma.alloc(len, align)?;
+        let (va, dev) = (buf.cpu().as_ptr() as u64, buf.device_addr().0);
+        match self.control.claim(va, len.max(1) as u64, dev, true) {
+            Ok(()) => Ok(buf),
+            Err(e) => {
+                // SAFETY: allocated above, never handed out; the card was never told of it.
+                unsafe { self.dma.free(buf) };
+                Err(e)
+            }
+        }
+    }
+
+    unsafe fn free(&self, buf: DmaBuffer) {
+        self.control.unmap(buf.device_addr());
+        // SAFETY: the caller no longer uses `buf`, which `alloc` took from this allocator.
+        unsafe { self.dma.free(buf) }
+    }
+}
+
+/// One registered range and the pages of the card's size it claimed (bus addresses).
+struct ClaimPin {
+    va: u64,
+    len: u64,
+    pages: Vec<u64>,
+}
+
+/// User memory on the PCI card: pinned and translated by this process's page map, each page
+/// of the card's size claimed once however many registrations share it.
+struct ClaimMem {
+    control: Arc<Control>,
+    page: PageSize,
+    umem: HostUmem,
+    /// Claimed pages (bus address) and the registrations that use each.
+    claimed: HashMap<u64, u32>,
+    pins: Vec<ClaimPin>,
+}
+
+/// `(va, dev)` pages of `page` bytes as runs of consecutive pages at consecutive bus
+/// addresses: `(va, dev, len)`.
+fn runs(pages: impl IntoIterator<Item = (u64, u64)>, page: u64) -> Vec<(u64, u64, u64)> {
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    for (va, dev) in pages {
+        match out.last_mut() {
+            Some(r) if r.0 + r.2 == va && r.1 + r.2 == dev => r.2 += page,
+            _ => out.push((va, dev, page)),
+        }
+    }
+    out
+}
+
+impl ClaimMem {
+    /// Translates the pages of a pinned range and claims those not claimed yet.
+    fn claim_pages(&mut self, va: VirtAddr, len: usize) -> Result<Vec<u64>, PlatformError> {
+        let p = self.page.bytes();
+        let first = va.0 - va.0 % p;
+        let end = (va.0 + len.max(1) as u64).div_ceil(p) * p;
+        let mut devs = vec![DeviceAddr(0); ((end - first) / p) as usize];
+        self.umem.translate(va, self.page, &mut devs)?;
+        let fresh = runs(
+            devs.iter()
+                .enumerate()
+                .filter(|(_, d)| !self.claimed.contains_key(&d.0))
+                .map(|(k, d)| (first + k as u64 * p, d.0)),
+            p,
+        );
+        for (i, &(rva, rdev, rlen)) in fresh.iter().enumerate() {
+            if let Err(e) = self.control.claim(rva, rlen, rdev, false) {
+                for &(_, d, l) in &fresh[..i] {
+                    self.control.unclaim(d, l);
+                }
+                return Err(e);
+            }
+        }
+        for d in &devs {
+            *self.claimed.entry(d.0).or_insert(0) += 1;
+        }
+        Ok(devs.into_iter().map(|d| d.0).collect())
+    }
+}
+
+impl MemoryResolver for ClaimMem {
+    fn pin(&mut self, va: VirtAddr, len: usize, write: bool) -> Result<(), PlatformError> {
+        self.umem.pin(va, len, write)?;
+        match self.claim_pages(va, len) {
+            Ok(pages) => {
+                self.pins.push(ClaimPin {
+                    va: va.0,
+                    len: len as u64,
+                    pages,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                self.umem.unpin(va, len);
+                Err(e)
+            }
+        }
+    }
+
+    fn unpin(&mut self, va: VirtAddr, len: usize) {
+        let Some(k) = self
+            .pins
+            .iter()
+            .rposition(|p| p.va == va.0 && p.len == len as u64)
+        else {
+            self.umem.unpin(va, len);
+            return;
+        };
+        let pin = self.pins.swap_remove(k);
+        let mut unused = Vec::new();
+        for d in pin.pages {
+            if let Some(n) = self.claimed.get_mut(&d) {
+                *n -= 1;
+                if *n == 0 {
+                    self.claimed.remove(&d);
+                    unused.push(d);
+                }
+            }
+        }
+        unused.sort_unstable();
+        unused.dedup();
+        // The claims go before the pin: the daemon no longer takes page-table entries of
+        // the pages once the memory may move.
+        for (_, dev, len) in runs(unused.into_iter().map(|d| (d, d)), self.page.bytes()) {
+            self.control.unclaim(dev, len);
+        }
+        self.umem.unpin(va, len);
+    }
+
+    fn translate(
+        &mut self,
+        va: VirtAddr,
+        page: PageSize,
+        out: &mut [DeviceAddr],
+    ) -> Result<(), PlatformError> {
+        self.umem.translate(va, page, out)
+    }
+
+    fn atomic(&mut self, va: VirtAddr, op: AtomicOp) -> Result<u64, PlatformError> {
+        self.umem.atomic(va, op)
+    }
+
+    fn write(&mut self, va: VirtAddr, bytes: &[u8]) -> Result<(), PlatformError> {
+        self.umem.write(va, bytes)
+    }
+}
+
 /// Keeps the connection (the daemon cleans up when it closes).
 struct ClientHandle {
     _control: Arc<Control>,
@@ -417,5 +678,32 @@ impl InlineCard for SharedCard {
     }
     fn wake(&self) {
         super::page::notify_client(&self.page);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn pages_run_together_only_where_both_addresses_do() {
+        let p = 0x20_0000;
+        let pages = [
+            (0x7000_0000_0000, 0x1_0000_0000),
+            (0x7000_0020_0000, 0x1_0020_0000),
+            // Next virtual page, another frame: a new run.
+            (0x7000_0040_0000, 0x2_0000_0000),
+            // Next frame, a virtual gap: a new run.
+            (0x7000_0080_0000, 0x2_0020_0000),
+        ];
+        assert_eq!(
+            runs(pages, p),
+            [
+                (0x7000_0000_0000, 0x1_0000_0000, 2 * p),
+                (0x7000_0040_0000, 0x2_0000_0000, p),
+                (0x7000_0080_0000, 0x2_0020_0000, p),
+            ]
+        );
+        assert!(runs([], p).is_empty());
     }
 }

@@ -2,7 +2,8 @@
 //! ([`super::mux`]), the card's link and the out-of-band listener; serves clients on a
 //! Unix socket; exits a while after its last client.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use bluerdma_core::addr::PageSize;
 use bluerdma_core::desc::cmd::SetNetworkParam;
 use bluerdma_core::engine::TableWindows;
 
+use super::claim;
 use super::mux::{Mapping, Mux, MuxClient};
 use super::page::{HubLayout, Page, PageLayout, PAGE_LEN, PAGE_MAGIC};
 use super::proto::{frame_len, read_frame, write_frame, Reply, Request, Welcome, VERSION};
@@ -24,6 +26,22 @@ use crate::oob::relay::RelayHub;
 
 /// Clients one device serves at once (the card's tables are split among them).
 pub const SLOTS: usize = 8;
+
+/// How often the daemon starts checking every claim again (the PCI card:
+/// [`claim::audit`]); a pass reads up to [`AUDIT_BUDGET`] page-map entries each 10 ms, so it
+/// ends within this while the clients claim less than about 6 GiB.
+pub const AUDIT_EVERY: Duration = Duration::from_secs(1);
+
+/// Base pages an audit reads in one go (128 KiB of page map, 64 MiB of memory).
+pub const AUDIT_BUDGET: u64 = 16384;
+
+/// Where the audit of the claims stands.
+struct AuditCursor {
+    /// The slot and bus address to go on from, during a pass.
+    next: Option<(usize, u64)>,
+    /// When the last pass started.
+    pass: Instant,
+}
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -42,6 +60,10 @@ struct Conn {
     slot: usize,
     token: u64,
     relay: Option<crate::oob::relay::ClientId>,
+    /// The client's page map, opened at its hello, where it claims memory (the PCI card):
+    /// tied to that process, so a claim is never checked against another one that took
+    /// its pid.
+    pagemap: Option<File>,
 }
 
 /// Runs the daemon until it has had no client for `linger`.
@@ -68,14 +90,22 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     settings.apply(&mut spec);
     let backend =
         crate::devices::open_backend_of(&entry, &spec, &settings).map_err(|e| e.to_string())?;
-    let remote = backend.handle.remote_memory().ok_or_else(|| {
-        format!(
-            "the {} backend cannot be shared between processes yet",
+    // The PCI card reaches memory by physical address: each client pins and translates its
+    // own and claims it; the other backends reach clients' memory through the daemon.
+    let remote = backend.handle.remote_memory();
+    if remote.is_none() && backend.kind != BackendKind::Pci {
+        return Err(format!(
+            "the {} backend cannot reach other processes' memory: it cannot be shared",
             backend.kind
-        )
-    })?;
+        ));
+    }
     let kind = backend.kind;
-    let tuning = backend.tuning;
+    // The entry's timers, as a device opened alone takes them.
+    let mut tuning = backend.tuning;
+    let o = &entry.options;
+    tuning.command_timeout = o.command_timeout.unwrap_or(tuning.command_timeout);
+    tuning.ack_timeout_min = o.ack_timeout_min.unwrap_or(tuning.ack_timeout_min);
+    tuning.send_window = o.send_window.unwrap_or(tuning.send_window);
     let handle: Box<dyn BackendHandle> = backend.handle;
     let net = SetNetworkParam {
         mac: spec.mac,
@@ -113,6 +143,10 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
     let mut last_client = Instant::now();
     let mut idle = 0u32;
     let mut last_mirror = Instant::now();
+    let mut audit_cursor = AuditCursor {
+        next: None,
+        pass: Instant::now(),
+    };
     let welcome_base = Welcome {
         slot: 0,
         token: 0,
@@ -170,7 +204,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
             if c.relay.is_some() {
                 continue;
             }
-            match serve_control(&mut mux, c) {
+            match serve_control(&mut mux, c, &cfg.device) {
                 Ok(w) => work |= w,
                 Err(e) => {
                     if e.kind() != io::ErrorKind::UnexpectedEof {
@@ -210,6 +244,7 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
         work |= relay.pump();
         if last_mirror.elapsed() > Duration::from_millis(10) {
             mux.mirror_counters();
+            audit(&mut mux, &conns, &cfg.device, &mut audit_cursor);
             last_mirror = Instant::now();
         }
         let any_client = mux.clients.iter().any(Option::is_some) || !conns.is_empty();
@@ -315,6 +350,23 @@ fn hello(
             };
             let windows = TableWindows::split(SLOTS as u32, slot as u32)
                 .ok_or_else(|| io::Error::other("no table window"))?;
+            let pagemap = if base.claims() {
+                match File::open(format!("/proc/{pid}/pagemap")) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        return refuse(
+                            &sock,
+                            libc::EACCES,
+                            format!(
+                                "the daemon cannot open the page map of process {pid} ({e}), \
+                                 which it needs to check the memory the process claims"
+                            ),
+                        )
+                    }
+                }
+            } else {
+                None
+            };
             let page = Arc::new(Page::<PageLayout>::new(Segment::create(
                 "bluerdma-regs",
                 PAGE_LEN,
@@ -349,6 +401,7 @@ fn hello(
                 slot,
                 token,
                 relay: None,
+                pagemap,
             }))
         }
         Request::OobHello {
@@ -380,6 +433,7 @@ fn hello(
                 slot: slot as usize,
                 token,
                 relay: Some(rid),
+                pagemap: None,
             }))
         }
         Request::Status => {
@@ -408,7 +462,7 @@ fn status_text(mux: &Mux, handle: &dyn BackendHandle) -> String {
 }
 
 /// Reads and answers a client's control messages (nonblocking); whether it did any.
-fn serve_control(mux: &mut Mux, c: &mut Conn) -> io::Result<bool> {
+fn serve_control(mux: &mut Mux, c: &mut Conn, device: &str) -> io::Result<bool> {
     let mut chunk = [0u8; 4096];
     let mut work = false;
     loop {
@@ -426,22 +480,40 @@ fn serve_control(mux: &mut Mux, c: &mut Conn) -> io::Result<bool> {
             break;
         }
         let body: Vec<u8> = c.buf.drain(..4 + n).skip(4).collect();
-        let reply = match Request::decode(&body)? {
-            Request::Map {
-                va,
-                len,
-                page_shift,
-                dma,
-            } => map(mux, c.slot, va, len, page_shift, dma),
-            Request::Unmap { dev } => {
+        let reply = match (Request::decode(&body)?, c.pagemap.as_ref()) {
+            (
+                Request::Map {
+                    va,
+                    len,
+                    page_shift,
+                    dma,
+                },
+                None,
+            ) => map(mux, c.slot, va, len, page_shift, dma),
+            (Request::Unmap { dev }, _) => {
                 if let Some(cl) = mux.clients[c.slot].as_mut() {
                     if cl.maps.remove(&dev).is_some() {
-                        mux.remote().unmap(bluerdma_core::addr::DeviceAddr(dev));
+                        if let Some(remote) = mux.remote() {
+                            remote.unmap(bluerdma_core::addr::DeviceAddr(dev));
+                        }
                     }
                 }
                 Reply::Done
             }
-            other => Reply::Fail {
+            (Request::Claim { va, len, dev, dma }, Some(pagemap)) => {
+                claim_memory(mux, c.slot, pagemap, (va, len, dev, dma), device)
+            }
+            (Request::Unclaim { dev, len }, Some(_)) => unclaim(mux, c.slot, dev, len),
+            (Request::Map { .. }, Some(_)) => Reply::Fail {
+                errno: libc::EOPNOTSUPP,
+                msg: "this card reaches memory by physical address: claim it instead".into(),
+            },
+            (Request::Claim { .. } | Request::Unclaim { .. }, None) => Reply::Fail {
+                errno: libc::EOPNOTSUPP,
+                msg: "this card reaches memory through the daemon's mappings: map it instead"
+                    .into(),
+            },
+            (other, _) => Reply::Fail {
                 errno: libc::EPROTO,
                 msg: format!("{other:?} after the hello"),
             },
@@ -480,7 +552,13 @@ fn map(mux: &mut Mux, slot: usize, va: u64, len: u64, page_shift: u8, dma: bool)
         };
     }
     let pid = c.pid;
-    match mux.remote().map(pid, va, len as usize, page) {
+    let Some(remote) = mux.remote() else {
+        return Reply::Fail {
+            errno: libc::EOPNOTSUPP,
+            msg: "this card reaches memory by physical address: claim it instead".into(),
+        };
+    };
+    match remote.map(pid, va, len as usize, page) {
         Ok(dev) => {
             if let Some(c) = mux.clients[slot].as_mut() {
                 c.maps.insert(dev.0, Mapping { va, len, dma });
@@ -492,6 +570,153 @@ fn map(mux: &mut Mux, slot: usize, va: u64, len: u64, page_shift: u8, dma: bool)
             msg: format!("mapping {len} bytes: {e:?}"),
         },
     }
+}
+
+/// Whether a mapping of `maps` shares a byte with `[start, end)` (the mappings never
+/// overlap one another, so the one before `start` is the only other candidate).
+fn overlaps(maps: &BTreeMap<u64, Mapping>, start: u64, end: u64) -> bool {
+    maps.range(start..end).next().is_some()
+        || maps
+            .range(..start)
+            .next_back()
+            .is_some_and(|(&s, m)| s.saturating_add(m.len) > start)
+}
+
+/// A claim (`va`, `len`, `dev`, `dma`) of the client in `slot`, checked against its page
+/// map: a DMA buffer is recorded as it is, user memory as the pages of the card's size it
+/// touches (a page already claimed stays as it is).
+fn claim_memory(
+    mux: &mut Mux,
+    slot: usize,
+    pagemap: &File,
+    (va, len, dev, dma): (u64, u64, u64, bool),
+    device: &str,
+) -> Reply {
+    let page = mux.page_size().bytes();
+    let Some(c) = mux.clients[slot].as_mut() else {
+        return Reply::Fail {
+            errno: libc::ENODEV,
+            msg: "no such client".into(),
+        };
+    };
+    let (id, pid) = (c.id, c.pid);
+    let refuse = |errno: i32, msg: String| {
+        log::warn!(
+            "{device}: client {id} (pid {pid}): claim of {len} bytes at {va:#x} as bus \
+             address {dev:#x} refused: {msg}"
+        );
+        Reply::Fail { errno, msg }
+    };
+    let checked = claim::pages(va, len, dev, page).and_then(|pages| {
+        claim::verify(pagemap, va, len, dev, page, crate::umem::base_page_size()).map(|()| pages)
+    });
+    let (first, dev_first, bytes) = match checked {
+        Ok(p) => p,
+        Err(e) => return refuse(e.errno(), e.to_string()),
+    };
+    if dma {
+        if overlaps(&c.maps, dev, dev + len) {
+            return refuse(libc::EEXIST, "it overlaps memory claimed before".into());
+        }
+        c.maps.insert(dev, Mapping { va, len, dma: true });
+        return Reply::Done;
+    }
+    let mut new = Vec::new();
+    for k in 0..bytes / page {
+        let at = dev_first + k * page;
+        match c.maps.get(&at) {
+            Some(m) if !m.dma && m.len == page => {}
+            _ if overlaps(&c.maps, at, at + page) => {
+                return refuse(
+                    libc::EEXIST,
+                    format!("its page at {at:#x} overlaps a DMA buffer claimed before"),
+                )
+            }
+            _ => new.push((
+                at,
+                Mapping {
+                    va: first + k * page,
+                    len: page,
+                    dma: false,
+                },
+            )),
+        }
+    }
+    c.maps.extend(new);
+    Reply::Done
+}
+
+/// Drops the client's claims of user memory in the pages of `[dev, dev + len)`.
+fn unclaim(mux: &mut Mux, slot: usize, dev: u64, len: u64) -> Reply {
+    let page = mux.page_size().bytes();
+    let Some(end) = dev
+        .checked_add(len)
+        .and_then(|e| e.checked_next_multiple_of(page))
+    else {
+        return Reply::Fail {
+            errno: libc::EINVAL,
+            msg: format!("{len} bytes at {dev:#x}"),
+        };
+    };
+    if let Some(c) = mux.clients[slot].as_mut() {
+        let gone: Vec<u64> = c
+            .maps
+            .range(dev - dev % page..end)
+            .filter(|(_, m)| !m.dma)
+            .map(|(&d, _)| d)
+            .collect();
+        for d in gone {
+            c.maps.remove(&d);
+        }
+    }
+    Reply::Done
+}
+
+/// Checks clients' claims again, [`AUDIT_BUDGET`] pages at a time, a pass every
+/// [`AUDIT_EVERY`]; a client whose claimed pages no longer have those frames (it unmapped
+/// memory it still claims) is dropped.
+fn audit(mux: &mut Mux, conns: &HashMap<u64, Conn>, device: &str, cursor: &mut AuditCursor) {
+    let (mut slot, mut from) = match cursor.next {
+        Some(next) => next,
+        None if cursor.pass.elapsed() >= AUDIT_EVERY => {
+            cursor.pass = Instant::now();
+            (0, 0)
+        }
+        None => return,
+    };
+    let page = mux.page_size().bytes();
+    let base = crate::umem::base_page_size();
+    let mut budget = AUDIT_BUDGET;
+    while slot < mux.clients.len() {
+        let pagemap = conns
+            .values()
+            .filter(|c| c.slot == slot)
+            .find_map(|c| c.pagemap.as_ref());
+        if let (Some(pagemap), Some(cl)) = (pagemap, mux.clients[slot].as_mut()) {
+            if !cl.broken {
+                let maps = cl.maps.range(from..).map(|(&d, m)| (d, m.va, m.len));
+                match claim::audit(pagemap, maps, page, base, &mut budget) {
+                    claim::Audit::Done => {}
+                    claim::Audit::Stopped { at } => {
+                        cursor.next = Some((slot, at));
+                        return;
+                    }
+                    claim::Audit::Failed { dev, why } => {
+                        log::error!(
+                            "{device}: client {} (pid {}): its claim at bus address {dev:#x} \
+                             no longer holds ({why}); dropping it",
+                            cl.id,
+                            cl.pid
+                        );
+                        cl.broken = true;
+                    }
+                }
+            }
+        }
+        slot += 1;
+        from = 0;
+    }
+    cursor.next = None;
 }
 
 /// An exclusive lock beside the socket: one daemon per device, however many start.
@@ -514,4 +739,24 @@ fn take_lock(socket: &Path) -> Result<std::fs::File, String> {
 fn set_mode(p: &Path, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_overlaps_a_mapping_that_starts_inside_it_or_reaches_into_it() {
+        let mut maps = BTreeMap::new();
+        let m = |len, dma| Mapping { va: 0, len, dma };
+        maps.insert(0x1000, m(0x1000, true));
+        maps.insert(0x4000, m(0x2000, false));
+        assert!(overlaps(&maps, 0x1800, 0x1900), "inside the first");
+        assert!(overlaps(&maps, 0x0, 0x1001), "reaching into the first");
+        assert!(overlaps(&maps, 0x5fff, 0x7000), "the second's last byte");
+        assert!(overlaps(&maps, 0x0, 0x10000), "both");
+        assert!(!overlaps(&maps, 0x2000, 0x4000), "between them");
+        assert!(!overlaps(&maps, 0x6000, 0x7000), "after them");
+        assert!(!overlaps(&BTreeMap::new(), 0, u64::MAX));
+    }
 }

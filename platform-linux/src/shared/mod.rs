@@ -8,7 +8,9 @@
 //! - [`page`]: the client's register page (a memfd both map): the engine's BAR.
 //! - [`mux`]: the daemon's multiplexer between the clients' rings and the card's.
 //! - [`client`]: the client's backend parts (registers, DMA buffers and user memory
-//!   mapped for the card by the daemon) and its relay of out-of-band records.
+//!   mapped for the card by the daemon, or on the PCI card pinned by the client and
+//!   claimed) and its relay of out-of-band records.
+//! - [`claim`]: the daemon's check of a claim against the client's page map.
 //! - [`daemon`]: the daemon's loop, its socket and its clients' lifecycle.
 //! - [`proto`]: the control messages; [`sys`]: memfd, descriptor passing, futexes,
 //!   another process's memory.
@@ -17,6 +19,7 @@
 //! and its doorbell in the page; the daemon moves the batch to the card. Completions are the
 //! client's engine's, from the reports the daemon hands it.
 
+pub mod claim;
 pub mod client;
 pub mod daemon;
 pub mod mux;
@@ -115,7 +118,11 @@ pub fn open(
             format!("the daemon's out-of-band relay: {e}"),
         )
     })?;
-    let backend = session.backend(spec.page_size);
+    let pci = match &entry.backend {
+        crate::devices::BackendSpec::Pci(cfg) => Some(cfg),
+        _ => None,
+    };
+    let backend = session.backend(&spec.name, spec.page_size, pci)?;
     let windows = session.windows();
     log::info!(
         "{}: shared {} device at {} (slot {}, QP indices {:?})",

@@ -81,7 +81,9 @@ pub struct MuxClient {
     pub page: Arc<Page<PageLayout>>,
     /// Its share of the card's tables.
     pub windows: TableWindows,
-    /// Its mappings by device address.
+    /// Its mappings by device address, none overlapping another: the daemon's IOVA
+    /// mappings, or on the PCI card its checked claims (a DMA buffer's bytes, or one page of
+    /// the card's size of user memory each).
     pub maps: BTreeMap<u64, Mapping>,
     /// Fetch pointers (host-to-card rings) and write pointers (card-to-host), by ring slot.
     ptr: [u32; 6],
@@ -133,7 +135,8 @@ impl MuxClient {
     }
 
     /// Whether the page at `base` (`page` bytes) lies in the pages of one of its mappings:
-    /// the daemon's device addresses reserve whole pages per mapping.
+    /// the daemon's device addresses reserve whole pages per mapping, and a claim is
+    /// checked over all the pages it touches.
     fn owns_page(&self, base: u64, page: u64) -> bool {
         if base % page != 0 {
             return false;
@@ -278,7 +281,8 @@ pub struct Mux {
     name: String,
     regs: DynRegs,
     dma: DynDma,
-    remote: Arc<dyn RemoteMemory>,
+    /// `None` where clients claim memory they pinned themselves (the PCI card).
+    remote: Option<Arc<dyn RemoteMemory>>,
     page_size: PageSize,
     net: SetNetworkParam,
     cmd: ProducerRing,
@@ -316,11 +320,14 @@ fn regs_of(id: RingId) -> RingRegs {
 impl Mux {
     /// Takes the card behind `regs` and `dma`: its rings, its simple-NIC receive buffer and
     /// its network parameters (the daemon's own commands, answered before it returns).
+    /// Clients' memory reaches the card through `remote`, or, with none, at the bus
+    /// addresses they claim (the daemon checks the claims before it records them in
+    /// [`MuxClient::maps`]).
     pub fn open(
         name: &str,
         regs: DynRegs,
         dma: DynDma,
-        remote: Arc<dyn RemoteMemory>,
+        remote: Option<Arc<dyn RemoteMemory>>,
         page_size: PageSize,
         net: SetNetworkParam,
         slots: usize,
@@ -393,9 +400,10 @@ impl Mux {
         self.page_size
     }
 
-    /// The device address space the card reaches client memory through.
-    pub fn remote(&self) -> &Arc<dyn RemoteMemory> {
-        &self.remote
+    /// The device address space the card reaches client memory through (`None`: clients
+    /// claim bus addresses).
+    pub fn remote(&self) -> Option<&Arc<dyn RemoteMemory>> {
+        self.remote.as_ref()
     }
 
     /// Copies the card's counters into every client's page.
@@ -1071,8 +1079,10 @@ impl Mux {
                 continue;
             }
             let c = self.clients[slot].take().expect("checked above");
-            for dev in c.maps.keys() {
-                self.remote.unmap(DeviceAddr(*dev));
+            if let Some(remote) = &self.remote {
+                for dev in c.maps.keys() {
+                    remote.unmap(DeviceAddr(*dev));
+                }
             }
             self.stats.reaped += 1;
             log::info!("{}: client {} (pid {}) cleaned up", self.name, c.id, c.pid);

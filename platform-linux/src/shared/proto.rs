@@ -6,8 +6,8 @@
 use std::io::{self, Read, Write};
 use std::net::Ipv4Addr;
 
-/// The protocol's version, in the hello.
-pub const VERSION: u16 = 1;
+/// The protocol's version, in the hello (2: claims of memory on the PCI card).
+pub const VERSION: u16 = 2;
 
 /// The longest message either side sends.
 pub const MAX_MESSAGE: usize = 4096;
@@ -48,10 +48,34 @@ pub enum Request {
     /// The daemon's state as text (its clients, what each holds in the card, the card's
     /// counters): the first and only message of a status connection.
     Status,
-    /// Undoes a map by its device address.
+    /// Undoes a map (or a claim of a DMA buffer) by its device address.
     Unmap {
-        /// The device address a [`Reply::Mapped`] gave.
+        /// The device address a [`Reply::Mapped`] gave (or the claim named).
         dev: u64,
+    },
+    /// On a card that reaches memory by physical address (the PCI card, [`Welcome::kind`]
+    /// 2), instead of [`Request::Map`]: this client pinned `len` bytes at `va` itself, and
+    /// the card reaches them at `dev` (the bus address of `va`'s byte). The daemon checks
+    /// the client's page map (every base page of the claim's pages of the card's size must
+    /// have the frame `dev` says) before it lets the client's commands, WQEs and page-table
+    /// entries name the memory; a false claim is refused with EPERM.
+    Claim {
+        /// Where, in the client.
+        va: u64,
+        /// How many bytes.
+        len: u64,
+        /// The bus address of `va`.
+        dev: u64,
+        /// One of the engine's DMA buffers (exactly these bytes; the daemon reads rings
+        /// there) or user memory (whole pages of the card's size, for page-table entries).
+        dma: bool,
+    },
+    /// Undoes claims of user memory: every page of the card's size in `[dev, dev + len)`.
+    Unclaim {
+        /// The bus address of the first page.
+        dev: u64,
+        /// Bytes.
+        len: u64,
     },
 }
 
@@ -97,7 +121,9 @@ pub struct Welcome {
     pub mr_index: (u32, u32),
     /// Page table entries.
     pub pgt: (u32, u32),
-    /// The backend (0 emulated, 1 RTL, 2 PCI).
+    /// The backend (0 emulated, 1 RTL, 2 PCI). It says how the client's memory reaches
+    /// the card: on 0 and 1 the daemon maps it ([`Request::Map`]); on 2 the client pins and
+    /// translates it itself and claims it ([`Request::Claim`], see [`Welcome::claims`]).
     pub kind: u8,
     /// The tuning: command timeout, ACK timeout floor (ns), send window.
     pub command_timeout_ns: u64,
@@ -109,6 +135,14 @@ pub struct Welcome {
     pub ip: Ipv4Addr,
     /// The device's MAC.
     pub mac: [u8; 6],
+}
+
+impl Welcome {
+    /// Whether the client claims the memory it pinned itself ([`Request::Claim`]) rather
+    /// than asking the daemon to map it ([`Request::Map`]).
+    pub fn claims(&self) -> bool {
+        self.kind == 2
+    }
 }
 
 struct W(Vec<u8>);
@@ -198,6 +232,10 @@ impl Request {
                 .u8(u8::from(*dma)),
             Request::Unmap { dev } => w.u8(4).u64(*dev),
             Request::Status => w.u8(5),
+            Request::Claim { va, len, dev, dma } => {
+                w.u8(6).u64(*va).u64(*len).u64(*dev).u8(u8::from(*dma))
+            }
+            Request::Unclaim { dev, len } => w.u8(7).u64(*dev).u64(*len),
         };
         w.0
     }
@@ -223,6 +261,16 @@ impl Request {
             },
             4 => Request::Unmap { dev: r.u64()? },
             5 => Request::Status,
+            6 => Request::Claim {
+                va: r.u64()?,
+                len: r.u64()?,
+                dev: r.u64()?,
+                dma: r.u8()? != 0,
+            },
+            7 => Request::Unclaim {
+                dev: r.u64()?,
+                len: r.u64()?,
+            },
             k => return Err(bad(&format!("unknown request kind {k}"))),
         };
         r.end()?;
@@ -381,6 +429,16 @@ mod tests {
                 dev: 0xF000_0000_0000,
             },
             Request::Status,
+            Request::Claim {
+                va: 0x7f00_0020_0000,
+                len: 2 << 20,
+                dev: 0x1_2340_0000,
+                dma: false,
+            },
+            Request::Unclaim {
+                dev: 0x1_2340_0000,
+                len: 4 << 20,
+            },
         ];
         for r in reqs {
             assert_eq!(Request::decode(&r.encode()).unwrap(), r);

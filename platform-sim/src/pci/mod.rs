@@ -6,7 +6,8 @@
 //! - [`tree`]: the sysfs tree under the root the driver is pointed at (`+pci;root=DIR`).
 //! - [`bar`]: `resource0`, a file both processes map, mirrored to the model's registers.
 //! - [`phys`]: DMA by physical address: the u-dma-buf window from its shared file, the
-//!   driver's memory through its page map and `process_vm_readv`/`writev`.
+//!   memory of the driver (or of a shared device's daemon and each of its clients)
+//!   through their page maps and `process_vm_readv`/`writev`.
 //!
 //! What it proves: the driver's real-card path end to end (sysfs, BAR access and its
 //! barriers, DMA memory at bus addresses, pinning, frame translation, 2 MiB contiguity)
@@ -110,8 +111,19 @@ impl FakePciCard {
         let bar = bar::SharedBar::map(&open(&tree.resource0)?, tree::BAR0_LEN as usize)?;
         let len = usize::try_from(tree.udmabuf_len).map_err(io::Error::other)?;
         let window = Arc::new(phys::Window::map(&open(&tree.udmabuf)?, len, phys)?);
-        let resource0 = std::fs::canonicalize(&tree.resource0)?;
-        let port = || Box::new(phys::PhysDma::new(Arc::clone(&window), resource0.clone()));
+        // As the driver's `/proc/PID/maps` names them.
+        let card_files = [
+            std::fs::canonicalize(&tree.resource0)?,
+            std::fs::canonicalize(&tree.udmabuf)?,
+        ];
+        let owners = Arc::new(std::sync::RwLock::new(phys::Owners::default()));
+        let port = || {
+            Box::new(phys::PhysDma::new(
+                Arc::clone(&window),
+                &card_files,
+                Arc::clone(&owners),
+            ))
+        };
         let nic = Nic::spawn(cfg.nic.clone(), Arc::clone(&regs), port(), port(), link)?;
         let mirror = bar::BarMirror::start(bar, regs, &cfg.nic.name)?;
         log::info!(
