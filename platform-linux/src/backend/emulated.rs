@@ -39,6 +39,10 @@ impl BackendHandle for Handle {
         card_counters(self.nic.shared())
     }
 
+    fn set_report_notify(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.nic.regs().set_host_notify(f)
+    }
+
     fn valid_entries(&self) -> Option<(usize, usize)> {
         Some(self.nic.shared().state().tables.valid_counts())
     }

@@ -313,6 +313,13 @@ pub trait BackendHandle: Send {
     fn valid_entries(&self) -> Option<(usize, usize)> {
         None
     }
+
+    /// Asks the card to call `f` after it writes to a card-to-host ring (the emulated
+    /// card's interrupt); whether it will. A host told so may sleep instead of polling.
+    fn set_report_notify(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        let _ = f;
+        false
+    }
 }
 
 /// The card's non-zero register counters (0x400..), read through `regs`.

@@ -122,14 +122,25 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
         net,
         SLOTS,
     )?;
-    let (oob, _notifier) =
+    let (oob, notifier) =
         crate::devices::open_oob_of(&list, &entry, &spec, &settings).map_err(|e| e.to_string())?;
     let mut relay = RelayHub::new(oob, crate::oob::relay::RelayHubConfig::default());
-    let hub = Page::<HubLayout>::new(
-        Segment::create("bluerdma-hub", PAGE_LEN).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
+    let hub = Arc::new(
+        Page::<HubLayout>::new(
+            Segment::create("bluerdma-hub", PAGE_LEN).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?,
+    );
     hub.get().magic.store(PAGE_MAGIC, Ordering::Release);
+    // What wakes the daemon when it sleeps: clients' doorbells (in their pages), records
+    // from peers (the OOB channel's I/O thread) and, where the card can tell, its reports.
+    // Where it cannot (the RTL simulator, the PCI card), the daemon naps briefly instead.
+    let waker = {
+        let hub = Arc::clone(&hub);
+        move || super::page::wake_daemon(&hub)
+    };
+    notifier.set(Arc::new(waker.clone()));
+    let card_wakes = handle_wakes(&*handle, Box::new(waker));
     log::info!(
         "{}: daemon {} serving {} at {} on {}",
         cfg.device,
@@ -241,7 +252,11 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
             }
         }
         work |= mux.round();
-        work |= relay.pump();
+        if relay.pump() {
+            work = true;
+            // Records for some client arrived: its progress thread may sleep in its page.
+            mux.notify_clients();
+        }
         if last_mirror.elapsed() > Duration::from_millis(10) {
             mux.mirror_counters();
             audit(&mut mux, &conns, &cfg.device, &mut audit_cursor);
@@ -273,7 +288,12 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), String> {
             idle = 0;
             continue;
         }
-        let nap = Duration::from_micros(50u64 << ((idle - 256) / 64).min(4));
+        let nap = if card_wakes {
+            // Nothing arrives unannounced; the nap only bounds a lost wake-up.
+            Duration::from_millis(20)
+        } else {
+            Duration::from_micros(50u64 << ((idle - 256) / 64).min(4))
+        };
         futex_wait(&h.wake, seen, nap);
         h.daemon_sleeps.store(0, Ordering::SeqCst);
     }
@@ -442,6 +462,11 @@ fn hello(
         }
         other => refuse(&sock, libc::EPROTO, format!("{other:?} before a hello")),
     }
+}
+
+/// Asks the card to wake the daemon after its reports; whether it will.
+fn handle_wakes(handle: &dyn BackendHandle, f: Box<dyn Fn() + Send + Sync>) -> bool {
+    handle.set_report_notify(f)
 }
 
 /// The daemon's state: a line per client (slot, pid, QPs and MRs it holds valid in the

@@ -132,7 +132,82 @@ pub fn open(
         session.welcome.slot,
         windows.qp_index
     );
+    let oob = WakingOob {
+        inner: oob,
+        hub: std::sync::Arc::clone(&session.hub),
+    };
     Context::open_backend_in(spec, backend, Some(Box::new(oob)), windows)
+}
+
+/// The relay, waking the daemon after each record it is handed (a sleeping daemon reads
+/// its relay sockets only when woken).
+struct WakingOob {
+    inner: crate::oob::relay::RelayClient,
+    hub: std::sync::Arc<page::Page<page::HubLayout>>,
+}
+
+impl WakingOob {
+    fn woke<T>(&self, r: T) -> T {
+        page::wake_daemon(&self.hub);
+        r
+    }
+}
+
+impl bluerdma_core::platform::OobTransport for WakingOob {
+    fn send(
+        &mut self,
+        peer: std::net::Ipv4Addr,
+        wr: &bluerdma_core::oob::RecvWr,
+    ) -> Result<(), bluerdma_core::platform::PlatformError> {
+        let r = self.inner.send(peer, wr);
+        self.woke(r)
+    }
+    fn send_too_short(
+        &mut self,
+        peer: std::net::Ipv4Addr,
+        rec: &bluerdma_core::oob::RecvTooShort,
+    ) -> Result<(), bluerdma_core::platform::PlatformError> {
+        let r = self.inner.send_too_short(peer, rec);
+        self.woke(r)
+    }
+    fn send_atomic(
+        &mut self,
+        peer: std::net::Ipv4Addr,
+        msg: &bluerdma_core::oob::AtomicMessage,
+    ) -> Result<(), bluerdma_core::platform::PlatformError> {
+        let r = self.inner.send_atomic(peer, msg);
+        self.woke(r)
+    }
+    fn send_check(
+        &mut self,
+        peer: std::net::Ipv4Addr,
+        msg: &bluerdma_core::oob::CheckMessage,
+    ) -> Result<(), bluerdma_core::platform::PlatformError> {
+        let r = self.inner.send_check(peer, msg);
+        self.woke(r)
+    }
+    fn peer_capabilities(
+        &self,
+        peer: std::net::Ipv4Addr,
+    ) -> Option<bluerdma_core::oob::Capabilities> {
+        self.inner.peer_capabilities(peer)
+    }
+    fn poll(&mut self) -> Option<bluerdma_core::platform::OobEvent> {
+        self.inner.poll()
+    }
+    fn bind(
+        &mut self,
+        local: bluerdma_core::keys::Qpn,
+        peer: std::net::Ipv4Addr,
+        peer_qpn: bluerdma_core::keys::Qpn,
+    ) {
+        bluerdma_core::platform::OobTransport::bind(&mut self.inner, local, peer, peer_qpn);
+        page::wake_daemon(&self.hub);
+    }
+    fn unbind(&mut self, local: bluerdma_core::keys::Qpn) {
+        bluerdma_core::platform::OobTransport::unbind(&mut self.inner, local);
+        page::wake_daemon(&self.hub);
+    }
 }
 
 fn relay_connection(

@@ -406,6 +406,14 @@ impl Mux {
         self.remote.as_ref()
     }
 
+    /// Wakes every client's progress thread that sleeps (records from peers for one of
+    /// them went into its relay socket).
+    pub fn notify_clients(&self) {
+        for c in self.clients.iter().flatten() {
+            notify_client(&c.page);
+        }
+    }
+
     /// Copies the card's counters into every client's page.
     pub fn mirror_counters(&self) {
         let vals: Vec<u32> = Counter::ALL

@@ -129,11 +129,7 @@ impl ClientRegs {
 
     fn doorbell(&self) {
         self.page.get().doorbells.fetch_add(1, Ordering::SeqCst);
-        let hub = self.hub.get();
-        if hub.daemon_sleeps.load(Ordering::SeqCst) != 0 {
-            hub.wake.fetch_add(1, Ordering::SeqCst);
-            futex_wake(&hub.wake);
-        }
+        wake_daemon(&self.hub);
     }
 }
 
@@ -165,6 +161,15 @@ impl RegisterAccess for ClientRegs {
         if bell {
             self.doorbell();
         }
+    }
+}
+
+/// Wakes the daemon behind `hub` if it sleeps (a doorbell, a record, a card report).
+pub fn wake_daemon(hub: &Page<HubLayout>) {
+    let h = hub.get();
+    if h.daemon_sleeps.load(Ordering::SeqCst) != 0 {
+        h.wake.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&h.wake);
     }
 }
 

@@ -42,6 +42,9 @@ pub struct RegisterFile {
     /// Doorbell generation: bumped by every wake.
     wake_lock: Mutex<u64>,
     wake: Condvar,
+    /// Called after the card wrote descriptors to a card-to-host ring: the host's
+    /// interrupt, for a host that sleeps instead of polling (the daemon of a shared device).
+    host_notify: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Default for RegisterFile {
@@ -55,6 +58,7 @@ impl Default for RegisterFile {
             resets: AtomicU64::new(0),
             wake_lock: Mutex::new(0),
             wake: Condvar::new(),
+            host_notify: std::sync::OnceLock::new(),
         }
     }
 }
@@ -177,6 +181,20 @@ impl RegisterFile {
     }
 
     /// Wakes the model's threads that sleep on the doorbell.
+    /// Sets what [`RegisterFile::notify_host`] calls (once; a second call is ignored and
+    /// returns false).
+    pub fn set_host_notify(&self, f: Box<dyn Fn() + Send + Sync>) -> bool {
+        self.host_notify.set(f).is_ok()
+    }
+
+    /// The card wrote to a card-to-host ring: tells a host that asked for it.
+    pub fn notify_host(&self) {
+        if let Some(f) = self.host_notify.get() {
+            f();
+        }
+    }
+
+    /// Wakes the model's threads if they sleep.
     pub fn wake_model(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             if let Ok(mut generation) = self.wake_lock.lock() {

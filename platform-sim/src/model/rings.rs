@@ -92,6 +92,7 @@ pub fn produce(
         head = (head + 1) & PTR_MASK;
     }
     regs.set_ring(id, RingReg::Head, head);
+    regs.notify_host();
     Ok(true)
 }
 
