@@ -32,6 +32,7 @@ pub mod spec;
 
 pub use discover::{discover, namespace_address, Settings, OOB_PORT_ENV, WIRE_PSN_ENV};
 pub use open::open;
+#[cfg(feature = "emulator")]
 pub(crate) use open::{open_backend as open_backend_of, open_oob as open_oob_of};
 pub use spec::{BackendSpec, DeviceOptions, OobBind};
 

@@ -87,18 +87,20 @@ fn registration_refuses_memory_the_card_may_not_touch() {
     let ctx = device();
     let pd = ctx.alloc_pd().unwrap();
     let page = 4096;
-    // SAFETY: a fresh anonymous mapping, unmapped again at once (its range is then free).
+    // A range the process may not read: reserved with PROT_NONE (a range unmapped again at
+    // once was not safe to use: a thread starting meanwhile, the device's progress thread,
+    // put its signal stack there).
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks, unmapped at the end.
     let gone = unsafe {
         let p = libc::mmap(
             std::ptr::null_mut(),
             page,
-            libc::PROT_READ | libc::PROT_WRITE,
+            libc::PROT_NONE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         );
         assert_ne!(p, libc::MAP_FAILED);
-        libc::munmap(p, page);
         p as *mut u8
     };
     // SAFETY: the registration is refused before the card could touch the range.
@@ -149,6 +151,9 @@ fn registration_refuses_memory_the_card_may_not_touch() {
         "REMOTE_WRITE without LOCAL_WRITE: {:?}",
         r.err()
     );
-    // SAFETY: the mapping is ours and no MR uses it any more.
-    unsafe { libc::munmap(ro as *mut libc::c_void, page) };
+    // SAFETY: the mappings are ours and no MR uses them.
+    unsafe {
+        libc::munmap(ro as *mut libc::c_void, page);
+        libc::munmap(gone as *mut libc::c_void, page);
+    }
 }

@@ -36,6 +36,9 @@ use crate::umem::HostUmem;
 pub struct Control {
     sock: Mutex<UnixStream>,
     name: String,
+    /// The daemon's hub: a request wakes a sleeping daemon (it reads its sockets only
+    /// when awake).
+    hub: Arc<Page<HubLayout>>,
 }
 
 /// The daemon's refusal of a request ([`Reply::Fail`]), inside the error of
@@ -66,6 +69,7 @@ impl Control {
     pub fn call(&self, req: &Request) -> io::Result<Reply> {
         let mut s = self.sock.lock().unwrap_or_else(|e| e.into_inner());
         write_frame(&mut *s, &req.encode())?;
+        super::page::wake_daemon(&self.hub);
         let reply = Reply::decode(&read_frame(&mut *s)?)?;
         if let Reply::Fail { errno, msg } = &reply {
             return Err(io::Error::new(
@@ -194,6 +198,7 @@ impl Session {
             control: Arc::new(Control {
                 sock: Mutex::new(sock),
                 name: name.to_string(),
+                hub: Arc::clone(&hub),
             }),
             welcome,
             page,

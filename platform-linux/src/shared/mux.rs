@@ -87,6 +87,8 @@ pub struct MuxClient {
     pub maps: BTreeMap<u64, Mapping>,
     /// Fetch pointers (host-to-card rings) and write pointers (card-to-host), by ring slot.
     ptr: [u32; 6],
+    /// The tails published to the client (host-to-card rings).
+    tail: [u32; 6],
     /// Descriptors waiting for room in its card-to-host rings, by ring slot.
     out: [VecDeque<RawDesc>; 6],
     /// Its live QPs (index: the ManageQp that made it valid) and MRs (index: key).
@@ -117,6 +119,7 @@ impl MuxClient {
             windows,
             maps: BTreeMap::new(),
             ptr: [0; 6],
+            tail: [0; 6],
             out: Default::default(),
             qps: BTreeMap::new(),
             mrs: BTreeMap::new(),
@@ -204,10 +207,24 @@ impl MuxClient {
         Ok(())
     }
 
-    fn consume(&mut self, id: RingId, n: u32) {
+    /// Moves the read pointer of host-to-card ring `id` past `n` descriptors; with
+    /// `publish`, the tail the client sees too (commands, which the daemon has answered or
+    /// copied). WQEs and frames are published by [`MuxClient::publish`] once the card has
+    /// fetched them: the client reuses what a descriptor names (an ACK frame's buffer) when
+    /// its tail passes it, as it would on the card.
+    fn consume(&mut self, id: RingId, n: u32, publish: bool) {
         let s = ring_slot(id);
         self.ptr[s] = (self.ptr[s] + n) & PTR_MASK;
-        self.set_reg(id, 3, self.ptr[s]);
+        if publish {
+            self.publish(id, n);
+        }
+    }
+
+    /// Moves the tail the client sees of host-to-card ring `id` by `n`.
+    fn publish(&mut self, id: RingId, n: u32) {
+        let s = ring_slot(id);
+        self.tail[s] = (self.tail[s] + n) & PTR_MASK;
+        self.set_reg(id, 3, self.tail[s]);
     }
 
     /// Writes what waits for card-to-host ring `id`, as far as the client's tail allows;
@@ -299,6 +316,9 @@ pub struct Mux {
     cmd_wait: VecDeque<(u64, RawDesc, RawDesc)>,
     sent_send: u64,
     sent_ntx: u64,
+    /// Batches of clients' WQEs and frames on the card's rings, in order: (client, its
+    /// ring, descriptors of its ring, the card ring's count once they are fetched).
+    unfetched: VecDeque<(u64, RingId, u32, u64)>,
     /// The clients, by slot.
     pub clients: Vec<Option<MuxClient>>,
     /// What was refused or dropped.
@@ -370,6 +390,7 @@ impl Mux {
             cmd_wait: VecDeque::new(),
             sent_send: 0,
             sent_ntx: 0,
+            unfetched: VecDeque::new(),
             clients: (0..slots).map(|_| None).collect(),
             stats: MuxStats::default(),
             scratch: Vec::new(),
@@ -437,6 +458,7 @@ impl Mux {
         work |= self.card_responses();
         work |= self.card_reports();
         work |= self.card_frames();
+        work |= self.publish_fetched();
         for slot in 0..self.clients.len() {
             work |= self.deliver_to_client(slot);
         }
@@ -498,7 +520,7 @@ impl Mux {
             }
             *buf = descs;
             if let Some(c) = self.clients[slot].as_mut() {
-                c.consume(RingId::CmdRequest, n);
+                c.consume(RingId::CmdRequest, n, true);
             }
             work = true;
         }
@@ -547,7 +569,8 @@ impl Mux {
                 k += 2;
             }
             let n = buf.len() as u32;
-            c.consume(RingId::Send(0), n);
+            c.consume(RingId::Send(0), n, false);
+            let id = c.id;
             if !ok.is_empty() {
                 if let Err(e) = self.send.push_batch(&self.regs, &ok) {
                     log::error!(
@@ -559,6 +582,8 @@ impl Mux {
                     self.sent_send += ok.len() as u64;
                 }
             }
+            self.unfetched
+                .push_back((id, RingId::Send(0), n, self.sent_send));
             work = true;
         }
         // Simple-NIC frames.
@@ -584,7 +609,8 @@ impl Mux {
                 }
             }
             let n = buf.len() as u32;
-            c.consume(RingId::SimpleNicTx, n);
+            c.consume(RingId::SimpleNicTx, n, false);
+            let id = c.id;
             if !ok.is_empty() {
                 if let Err(e) = self.ntx.push_batch(&self.regs, &ok) {
                     log::error!(
@@ -596,6 +622,8 @@ impl Mux {
                     self.sent_ntx += ok.len() as u64;
                 }
             }
+            self.unfetched
+                .push_back((id, RingId::SimpleNicTx, n, self.sent_ntx));
             work = true;
         }
         Ok(work)
@@ -1014,6 +1042,53 @@ impl Mux {
                 });
             }
         }
+    }
+
+    /// Publishes to each client the tails of the batches the card has fetched.
+    fn publish_fetched(&mut self) -> bool {
+        if self.unfetched.is_empty() {
+            return false;
+        }
+        let (send_done, ntx_done) = self.fetched();
+        let mut work = false;
+        while let Some(&(client, ring, n, mark)) = self.unfetched.front() {
+            let done = if ring == RingId::SimpleNicTx {
+                ntx_done
+            } else {
+                send_done
+            };
+            if mark > done {
+                // Each ring's batches are in order; the other ring's may be done already.
+                let other = self.unfetched.iter().position(|u| {
+                    u.1 != ring
+                        && u.3
+                            <= if u.1 == RingId::SimpleNicTx {
+                                ntx_done
+                            } else {
+                                send_done
+                            }
+                });
+                match other {
+                    Some(k) => {
+                        let (client, ring, n, _) = self.unfetched.remove(k).expect("found");
+                        if let Some(c) = self.client_by_id(client) {
+                            c.publish(ring, n);
+                            notify_client(&c.page);
+                        }
+                        work = true;
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            self.unfetched.pop_front();
+            if let Some(c) = self.client_by_id(client) {
+                c.publish(ring, n);
+                notify_client(&c.page);
+            }
+            work = true;
+        }
+        work
     }
 
     fn fetched(&mut self) -> (u64, u64) {
