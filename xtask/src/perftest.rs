@@ -265,7 +265,16 @@ fn run(root: &Path, opts: &Opts) -> Result<Report, String> {
         let lib = build_release(root, "bluerdma-hugealloc", None)?.join("libbluerdma_hugealloc.so");
         env.push(("LD_PRELOAD".to_string(), lib.display().to_string()));
     }
-    let logs = root.join("target").join("xtask").join("perftest");
+    // One directory per backend: the rows run one after another and name their logs by
+    // tool, so a later row overwrote the logs of an earlier row's failure.
+    let logs = match opts.backend {
+        Backend::Emulated => root.join("target").join("xtask").join("perftest"),
+        b => root
+            .join("target")
+            .join("xtask")
+            .join("perftest")
+            .join(format!("{b:?}").to_lowercase()),
+    };
     fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
     let ctx = RunCtx {
         lib_dir: &lib_dir,

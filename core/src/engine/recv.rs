@@ -258,7 +258,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
     /// exits right after its last SEND closes the channel while the receiver may not have
     /// polled that SEND's completion yet, and a flush next to it failed programs that
     /// poll two completions at once (ibv_rc_pingpong -e). A QP with work that waits for
-    /// the channel fails at once.
+    /// the channel (a SEND, an atomic) fails after the same grace, as a real card's
+    /// requester would give up: a program may have posted more SENDs than its peer, which
+    /// has exited, wanted (ibv_srq_pingpong posts one per completion it sees), and flushing
+    /// them at once failed its last completions on the slow RTL backend.
     fn on_peer_lost(&mut self, peer: Ipv4Addr, now: Instant) {
         for i in self.qp_indices() {
             let a = self.qp(i).attrs;
@@ -278,14 +281,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
             while self.next_remote(i).is_some() {
                 self.pop_remote(i);
             }
-            if waiting {
+            if waiting || receiving {
                 core_debug!(
-                    "QP {:#x}: the out-of-band connection to {} is lost: QP to ERR",
+                    "QP {:#x}: the out-of-band connection to {} is lost: QP to ERR after the grace",
                     a.qpn.get(),
                     peer
                 );
-                self.fatal(i);
-            } else if receiving {
                 let once = a
                     .ack_timeout(self.cfg.ack_timeout_min)
                     .unwrap_or(crate::time::Nanos(1_000_000_000));
