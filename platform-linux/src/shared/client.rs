@@ -466,12 +466,8 @@ impl MemoryResolver for ClientMem {
 }
 
 impl ClientMem {
-    fn writable(&self) -> Vec<(u64, u64)> {
-        self.pins
-            .iter()
-            .filter(|p| p.write)
-            .map(|p| (p.va, p.len))
-            .collect()
+    fn writable(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.pins.iter().filter(|p| p.write).map(|p| (p.va, p.len))
     }
 }
 

@@ -895,19 +895,19 @@ impl Mux {
 
     /// Meta reports, to the client that owns the QP.
     fn card_reports(&mut self) -> bool {
-        let mut got = Vec::new();
-        self.meta.poll(&self.regs, 1024, |p| got.push(p));
-        let work = !got.is_empty();
-        for p in got {
-            let (descs, qpn) = match p {
-                Popped::One(a) => (vec![a], MetaReport::decode(&a, None)),
-                Popped::Pair(a, b) => (vec![a, b], MetaReport::decode(&a, Some(&b))),
+        let mut n = 0;
+        while n < 1024 {
+            let Some(p) = self.meta.pop() else { break };
+            n += 1;
+            let (first, second) = match p {
+                Popped::One(a) => (a, None),
+                Popped::Pair(a, b) => (a, Some(b)),
                 Popped::Overlong(..) | Popped::OverlongRest(_) => {
                     self.stats.orphan_reports += 1;
                     continue;
                 }
             };
-            let qpn = match qpn {
+            let qpn = match MetaReport::decode(&first, second.as_ref()) {
                 Ok(MetaReport::Packet(i)) | Ok(MetaReport::ReadRequest(i, _)) => i.dqpn,
                 Ok(MetaReport::Ack(a)) | Ok(MetaReport::Nak(a, _)) => a.qpn,
                 Err(e) => {
@@ -922,84 +922,89 @@ impl Mux {
             match self.owner_of_qpn(qpn) {
                 Some(slot) => {
                     let c = self.clients[slot].as_mut().expect("owner exists");
-                    c.out[ring_slot(RingId::MetaReport(0))].extend(descs);
+                    let out = &mut c.out[ring_slot(RingId::MetaReport(0))];
+                    out.push_back(first);
+                    out.extend(second);
                 }
                 None => self.stats.orphan_reports += 1,
             }
         }
-        work
+        self.meta.sync_tail(&self.regs);
+        n > 0
     }
 
     /// Received simple-NIC frames: RoCE frames to the owner of their destination QP, every
-    /// other frame to every client.
+    /// other frame to every client. The ring's tail is published after the frames are
+    /// copied out: the card may reuse a frame's slot once it is.
     fn card_frames(&mut self) -> bool {
-        let mut got = Vec::new();
-        self.nrx.poll(&self.regs, RX_SLOTS as usize / 2, |p| {
+        let mut n = 0;
+        while n < RX_SLOTS / 2 {
+            let Some(p) = self.nrx.pop() else { break };
+            n += 1;
             if let Popped::One(d) = p {
-                got.push(d);
-            }
-        });
-        let work = !got.is_empty();
-        for d in got {
-            let Ok(rx) = SimpleNicRx::decode(&d) else {
+                self.card_frame(&d);
+            } else {
                 self.stats.dropped_frames += 1;
-                continue;
-            };
-            if rx.len > RX_SLOT_SIZE {
-                self.stats.dropped_frames += 1;
-                continue;
-            }
-            let at = rx.slot_idx as usize * RX_SLOT_SIZE as usize;
-            // SAFETY: slot_idx < RX_SLOTS (decode checks it) and len <= RX_SLOT_SIZE, so the
-            // frame lies inside the RX_BUFFER_SIZE buffer, which the card wrote before the
-            // descriptor (the ring's valid bit, acquired by the poll).
-            let frame = unsafe {
-                std::slice::from_raw_parts(self.rx_buf.cpu().as_ptr().add(at), rx.len as usize)
-            }
-            .to_vec();
-            let targets: Vec<usize> = match roce_dest_qpn(&frame) {
-                Some(qpn) => self.owner_of_qpn(Qpn::from_raw(qpn)).into_iter().collect(),
-                None => (0..self.clients.len())
-                    .filter(|&s| {
-                        self.clients[s]
-                            .as_ref()
-                            .is_some_and(|c| c.leaving.is_none())
-                    })
-                    .collect(),
-            };
-            if targets.is_empty() {
-                self.stats.dropped_frames += 1;
-            }
-            for slot in targets {
-                let c = self.clients[slot].as_mut().expect("target exists");
-                let s = ring_slot(RingId::SimpleNicRx);
-                let Some(va) = c.rx_va else {
-                    self.stats.dropped_frames += 1;
-                    continue;
-                };
-                let outstanding = c.out[s].len() as u32
-                    + (c.ptr[s].wrapping_sub(c.reg(RingId::SimpleNicRx, 3)) & PTR_MASK);
-                if outstanding >= RX_SLOTS / 2 {
-                    self.stats.dropped_frames += 1;
-                    continue;
-                }
-                let k = c.rx_slot;
-                c.rx_slot = (k + 1) % RX_SLOTS;
-                let to = va + u64::from(k) * u64::from(RX_SLOT_SIZE);
-                if write_remote(c.pid, &[(to, &frame)]).is_err() {
-                    self.stats.dropped_frames += 1;
-                    continue;
-                }
-                c.out[s].push_back(
-                    SimpleNicRx {
-                        slot_idx: k,
-                        len: rx.len,
-                    }
-                    .encode(),
-                );
             }
         }
-        work
+        self.nrx.sync_tail(&self.regs);
+        n > 0
+    }
+
+    fn card_frame(&mut self, d: &RawDesc) {
+        let rx = match SimpleNicRx::decode(d) {
+            Ok(rx) if rx.len <= RX_SLOT_SIZE => rx,
+            _ => {
+                self.stats.dropped_frames += 1;
+                return;
+            }
+        };
+        let at = rx.slot_idx as usize * RX_SLOT_SIZE as usize;
+        // SAFETY: slot_idx < RX_SLOTS (decode checks it) and len <= RX_SLOT_SIZE, so the
+        // frame lies inside the RX_BUFFER_SIZE buffer, which the card wrote before the
+        // descriptor (the ring's valid bit, acquired by the pop) and does not write again
+        // before the ring's tail passes the descriptor (after this frame is copied).
+        let frame = unsafe {
+            std::slice::from_raw_parts(self.rx_buf.cpu().as_ptr().add(at), rx.len as usize)
+        };
+        // One owner (a RoCE or UD frame), or every client (ARP and the like).
+        let owner = roce_dest_qpn(frame).map(|q| self.owner_of_qpn(Qpn::from_raw(q)));
+        let mut delivered = false;
+        for slot in 0..self.clients.len() {
+            if owner.is_some_and(|o| o != Some(slot)) {
+                continue;
+            }
+            let Some(c) = self.clients[slot].as_mut() else {
+                continue;
+            };
+            if c.leaving.is_some() {
+                continue;
+            }
+            let s = ring_slot(RingId::SimpleNicRx);
+            let Some(va) = c.rx_va else { continue };
+            let outstanding = c.out[s].len() as u32
+                + (c.ptr[s].wrapping_sub(c.reg(RingId::SimpleNicRx, 3)) & PTR_MASK);
+            if outstanding >= RX_SLOTS / 2 {
+                continue;
+            }
+            let k = c.rx_slot;
+            c.rx_slot = (k + 1) % RX_SLOTS;
+            let to = va + u64::from(k) * u64::from(RX_SLOT_SIZE);
+            if write_remote(c.pid, &[(to, frame)]).is_err() {
+                continue;
+            }
+            c.out[s].push_back(
+                SimpleNicRx {
+                    slot_idx: k,
+                    len: rx.len,
+                }
+                .encode(),
+            );
+            delivered = true;
+        }
+        if !delivered {
+            self.stats.dropped_frames += 1;
+        }
     }
 
     fn deliver_to_client(&mut self, slot: usize) -> bool {
