@@ -152,3 +152,137 @@ impl Drop for Peer {
         let _ = self.child.wait();
     }
 }
+
+/// This process and a `verbs_peer` child (`bin`) on shared device `a_name` (`a`), each with
+/// a QP connected to a QP of its own on device `b`: the scenario of the shared-device tests
+/// of every backend ([`SharedPair::write_both_ways`]).
+pub struct SharedPair {
+    /// This process's QP on A, its CQ and MR (64 KiB).
+    pub qa: bluerdma_linux::Qp,
+    /// Its CQ.
+    pub ca: bluerdma_linux::Cq,
+    /// Its MR.
+    pub ma: bluerdma_linux::Mr,
+    qb1: bluerdma_linux::Qp,
+    qb2: bluerdma_linux::Qp,
+    cb: bluerdma_linux::Cq,
+    mb: bluerdma_linux::Mr,
+    /// The child on A.
+    pub child: Peer,
+    child_addr: u64,
+    child_key: u32,
+    _pds: (bluerdma_linux::Pd, bluerdma_linux::Pd),
+}
+
+const KIB: usize = 1024;
+
+impl SharedPair {
+    /// Makes the QPs and MRs and connects them (local ACK timeout exponent `timeout`, 7
+    /// retries).
+    pub fn connect(
+        bin: &str,
+        (a, a_name): (&bluerdma_linux::Context, &str),
+        b: &bluerdma_linux::Context,
+        timeout: u8,
+    ) -> SharedPair {
+        use bluerdma_core::keys::Qpn;
+        use bluerdma_linux::Endpoint;
+        let (ip_a, ip_b) = (a.spec().ip, b.spec().ip);
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
+        let qa = pa.create_qp(&ca, &ca).unwrap();
+        let qb1 = pb.create_qp(&cb, &cb).unwrap();
+        let qb2 = pb.create_qp(&cb, &cb).unwrap();
+        let ma = pa.alloc_mr(64 * KIB, crate::ALL).unwrap();
+        let mb = pb.alloc_mr(256 * KIB, crate::ALL).unwrap();
+        let ep = |qpn: Qpn, ip| Endpoint { qpn, ip, psn: 0 };
+        qa.connect(ep(qb1.qpn(), ip_b), 0, timeout, 7).unwrap();
+        qb1.connect(ep(qa.qpn(), ip_a), 0, timeout, 7).unwrap();
+        let (mut child, ready) = Peer::spawn(bin, a_name, 64 * KIB);
+        let hex = |k| {
+            crate::line_field(&ready, k)
+                .and_then(crate::parse_hex)
+                .expect("READY field")
+        };
+        let (child_qpn, child_addr, child_key) = (hex("qpn"), hex("addr"), hex("key"));
+        let r = child.ask(&format!(
+            "CONNECT qpn={:#x} ip={ip_b} psn=0 mypsn=0 timeout={timeout} retries=7",
+            qb2.qpn().get()
+        ));
+        assert_eq!(r, "OK");
+        qb2.connect(ep(Qpn::from_raw(child_qpn as u32), ip_a), 0, timeout, 7)
+            .unwrap();
+        SharedPair {
+            qa,
+            ca,
+            ma,
+            qb1,
+            qb2,
+            cb,
+            mb,
+            child,
+            child_addr,
+            child_key: child_key as u32,
+            _pds: (pa, pb),
+        }
+    }
+
+    /// A WRITE from each process on A into B's memory, then a WRITE from B into each of
+    /// them, every byte checked.
+    pub fn write_both_ways(&mut self, step: Duration) {
+        use crate::{fill_pattern, pattern_mismatch, raw_wr};
+        use bluerdma_core::engine::{SendOp, WcStatus};
+        use bluerdma_core::keys::MrKey;
+        let (ma, mb) = (&mut self.ma, &mut self.mb);
+        fill_pattern(ma.bytes_mut().unwrap(), 11, 0);
+        let w = raw_wr(
+            1,
+            SendOp::Write,
+            (ma.addr(), ma.key()),
+            64 * KIB,
+            (mb.addr(), mb.key()),
+        );
+        // SAFETY: the MRs outlive the WRITE (its completion is awaited).
+        unsafe { self.qa.post_send(&[w]) }.unwrap();
+        assert_eq!(self.ca.wait(1, step).unwrap()[0].status, WcStatus::Success);
+        assert_eq!(self.child.ask("FILL off=0 len=65536 seed=12"), "OK");
+        let r = self.child.ask(&format!(
+            "WRITE raddr={:#x} rkey={:#x} off=0 len=65536",
+            mb.addr() + 128 * 1024,
+            mb.key().get()
+        ));
+        assert_eq!(r, "DONE status=0");
+        let got = mb.bytes().unwrap();
+        assert_eq!(
+            pattern_mismatch(&got[..64 * KIB], 11, 0),
+            None,
+            "this process's bytes"
+        );
+        assert_eq!(
+            pattern_mismatch(&got[128 * KIB..192 * KIB], 12, 0),
+            None,
+            "the child's bytes"
+        );
+        fill_pattern(&mut mb.bytes_mut().unwrap()[..16 * KIB], 13, 0);
+        for (qp, addr, key) in [
+            (&self.qb1, ma.addr(), ma.key()),
+            (&self.qb2, self.child_addr, MrKey::from_raw(self.child_key)),
+        ] {
+            let w = raw_wr(
+                2,
+                SendOp::Write,
+                (mb.addr(), mb.key()),
+                16 * KIB,
+                (addr, key),
+            );
+            // SAFETY: as above.
+            unsafe { qp.post_send(&[w]) }.unwrap();
+            assert_eq!(self.cb.wait(1, step).unwrap()[0].status, WcStatus::Success);
+        }
+        assert_eq!(
+            pattern_mismatch(&ma.bytes().unwrap()[..16 * KIB], 13, 0),
+            None
+        );
+        assert_eq!(self.child.ask("CHECK off=0 len=16384 seed=13"), "OK");
+    }
+}

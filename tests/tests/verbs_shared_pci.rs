@@ -15,17 +15,13 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use bluerdma_core::engine::{SendOp, WcStatus};
-use bluerdma_core::keys::{MrKey, Qpn};
 use bluerdma_linux::devices::DeviceList;
 use bluerdma_linux::shared::client::{refused_errno, Session};
 use bluerdma_linux::umem::Pagemap;
-use bluerdma_linux::{BackendKind, Endpoint};
+use bluerdma_linux::BackendKind;
 use bluerdma_tests::served::{root_or_skip, Hugepages, Served};
-use bluerdma_tests::shared::{open, setup, status, status_field, Peer};
-use bluerdma_tests::{fill_pattern, line_field, parse_hex, pattern_mismatch, raw_wr, ALL};
+use bluerdma_tests::shared::{open, setup, status, status_field, SharedPair};
 
-const KIB: usize = 1024;
 const STEP: Duration = Duration::from_secs(60);
 /// The QPs' local ACK timeout (4.096 us << 16 = 268 ms).
 const TIMEOUT: u8 = 16;
@@ -69,34 +65,10 @@ fn two_processes_share_a_fake_pci_card() {
         (BackendKind::Pci, BackendKind::Pci)
     );
 
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (ca, cb) = (a.create_cq().unwrap(), b.create_cq().unwrap());
-    let qa = pa.create_qp(&ca, &ca).unwrap();
-    let qb1 = pb.create_qp(&cb, &cb).unwrap();
-    let qb2 = pb.create_qp(&cb, &cb).unwrap();
-    let mut ma = pa.alloc_mr(64 * KIB, ALL).unwrap();
-    let mut mb = pb.alloc_mr(256 * KIB, ALL).unwrap();
-    let ep = |qpn: Qpn, ip| Endpoint { qpn, ip, psn: 0 };
     // The first time a card touches a process's memory it searches the page maps for the
     // frame's owner (tens of ms, more on a loaded machine), once per process and card: an
     // ACK timeout of 268 ms (16) rather than 67 ms keeps that within the first attempts.
-    qa.connect(ep(qb1.qpn(), ip_b), 0, TIMEOUT, 7).unwrap();
-    qb1.connect(ep(qa.qpn(), ip_a), 0, TIMEOUT, 7).unwrap();
-
-    let (mut child, ready) = Peer::spawn(env!("CARGO_BIN_EXE_verbs_peer"), "pa", 64 * KIB);
-    let hex = |k| {
-        line_field(&ready, k)
-            .and_then(parse_hex)
-            .expect("READY field")
-    };
-    let (child_qpn, child_addr, child_key) = (hex("qpn"), hex("addr"), hex("key"));
-    let r = child.ask(&format!(
-        "CONNECT qpn={:#x} ip={ip_b} psn=0 mypsn=0 timeout={TIMEOUT} retries=7",
-        qb2.qpn().get()
-    ));
-    assert_eq!(r, "OK");
-    qb2.connect(ep(Qpn::from_raw(child_qpn as u32), ip_a), 0, TIMEOUT, 7)
-        .unwrap();
+    let mut pair = SharedPair::connect(env!("CARGO_BIN_EXE_verbs_peer"), (&a, "pa"), &b, TIMEOUT);
     // Both processes are clients of A's daemon, each with its QP and MR valid in the card
     // (their MRs' page-table entries name claimed pages), and nothing was refused.
     let text = status("pa").expect("pa's daemon state");
@@ -114,59 +86,8 @@ fn two_processes_share_a_fake_pci_card() {
         assert!(text.contains(counter), "{text}");
     }
 
-    // A WRITE from each process on the shared card A into B's memory.
-    fill_pattern(ma.bytes_mut().unwrap(), 11, 0);
-    let w = raw_wr(
-        1,
-        SendOp::Write,
-        (ma.addr(), ma.key()),
-        64 * KIB,
-        (mb.addr(), mb.key()),
-    );
-    // SAFETY: the MRs outlive the WRITE (its completion is awaited).
-    unsafe { qa.post_send(&[w]) }.unwrap();
-    assert_eq!(ca.wait(1, STEP).unwrap()[0].status, WcStatus::Success);
-    assert_eq!(child.ask("FILL off=0 len=65536 seed=12"), "OK");
-    let r = child.ask(&format!(
-        "WRITE raddr={:#x} rkey={:#x} off=0 len=65536",
-        mb.addr() + 128 * 1024,
-        mb.key().get()
-    ));
-    assert_eq!(r, "DONE status=0");
-    let got = mb.bytes().unwrap();
-    assert_eq!(
-        pattern_mismatch(&got[..64 * KIB], 11, 0),
-        None,
-        "this process's bytes"
-    );
-    assert_eq!(
-        pattern_mismatch(&got[128 * KIB..192 * KIB], 12, 0),
-        None,
-        "the child's bytes"
-    );
-
-    // And B WRITEs into the memory of each process on A.
-    fill_pattern(&mut mb.bytes_mut().unwrap()[..16 * KIB], 13, 0);
-    for (qp, addr, key) in [
-        (&qb1, ma.addr(), ma.key()),
-        (&qb2, child_addr, MrKey::from_raw(child_key as u32)),
-    ] {
-        let w = raw_wr(
-            2,
-            SendOp::Write,
-            (mb.addr(), mb.key()),
-            16 * KIB,
-            (addr, key),
-        );
-        // SAFETY: as above.
-        unsafe { qp.post_send(&[w]) }.unwrap();
-        assert_eq!(cb.wait(1, STEP).unwrap()[0].status, WcStatus::Success);
-    }
-    assert_eq!(
-        pattern_mismatch(&ma.bytes().unwrap()[..16 * KIB], 13, 0),
-        None
-    );
-    assert_eq!(child.ask("CHECK off=0 len=16384 seed=13"), "OK");
+    pair.write_both_ways(STEP);
+    let SharedPair { child, ma, .. } = pair;
     child.quit();
 
     claims_are_checked_against_the_page_map(&ma);
