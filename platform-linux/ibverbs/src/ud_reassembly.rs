@@ -1,22 +1,41 @@
 //! Datagrams of several frames put back together on the receive side: a datagram longer
 //! than one frame's payload arrives as FIRST, MIDDLE..., LAST frames with consecutive PSNs
 //! from one source QP (`bluerdma_core::wire::ud`). Frames of different sources interleave
-//! freely; a frame that does not continue its source's datagram (one lost or reordered on
-//! the way) drops that datagram, as UD allows, and so does one that would grow it past the
-//! port's MTU.
+//! freely, and the frames of one datagram may arrive in any order: the emulated link
+//! reorders the frames in flight when it moves a destination from UDP to shared memory, as
+//! a path change does on a network (an in-order rule lost the first datagram of about one
+//! `ibv_ud_pingpong -s 2048` run in five under load). Like IP reassembly, the pieces wait,
+//! by PSN, until a FIRST..LAST run is complete. A source keeps at most [`PIECES`] pieces
+//! waiting and a QP at most [`SOURCES`] sources; the oldest pieces go first, counted as
+//! broken: their datagram lost a frame, as UD allows. So does a run that would grow past
+//! the port's MTU.
 
 use std::net::Ipv4Addr;
 
 use bluerdma_core::wire::ud::{UdFrame, UdPart, UD_MAX_DATAGRAM};
 
-/// Sources with a datagram in progress a QP keeps at once; the oldest is dropped beyond.
-const PARTIALS: usize = 16;
+/// Sources with pieces waiting that a QP keeps at once; the oldest is dropped beyond.
+const SOURCES: usize = 16;
+/// Pieces one source keeps waiting (a datagram has at most three frames: two datagrams in
+/// flight and a stray fit).
+const PIECES: usize = 8;
+/// A PSN's 24 bits.
+const PSN_MASK: u32 = 0xFF_FFFF;
 
-/// A datagram in progress.
-struct Partial {
-    from: (Ipv4Addr, u32),
-    next_psn: u32,
+/// One frame of a datagram of several, waiting for the others.
+struct Piece {
+    psn: u32,
+    part: UdPart,
+    imm: Option<u32>,
     data: Vec<u8>,
+    /// When it arrived (the QP's frame count): the oldest are dropped first.
+    arrival: u64,
+}
+
+/// The pieces from one source QP.
+struct Source {
+    from: (Ipv4Addr, u32),
+    pieces: Vec<Piece>,
 }
 
 /// What a frame amounts to.
@@ -24,72 +43,147 @@ struct Partial {
 pub(crate) enum Assembled {
     /// A whole datagram: this frame's payload.
     Whole,
-    /// The last frame of a datagram of several: all of it.
-    Complete(Vec<u8>),
+    /// The frame completed a datagram of several: all of it, and the immediate data of its
+    /// LAST frame.
+    Complete { data: Vec<u8>, imm: Option<u32> },
     /// More frames are to come.
     Incomplete,
-    /// The frame breaks its source's datagram (a frame missing before it, or too long):
-    /// what was gathered is dropped.
-    Broken,
 }
 
 /// A QP's datagrams in progress.
 #[derive(Default)]
 pub(crate) struct Reassembly {
-    partials: Vec<Partial>,
+    sources: Vec<Source>,
+    arrivals: u64,
+    /// Pieces dropped without completing their datagram (see [`Reassembly::take_broken`]).
+    broken: u64,
 }
 
 impl Reassembly {
     /// Takes frame `f` with `payload`.
     pub(crate) fn add(&mut self, f: &UdFrame, payload: &[u8]) -> Assembled {
+        if f.part == UdPart::Only {
+            return Assembled::Whole;
+        }
+        self.arrivals += 1;
         let from = (f.src_ip, f.deth.src_qpn);
-        let at = self.partials.iter().position(|p| p.from == from);
-        match f.part {
-            UdPart::Only => {
-                // A whole datagram also ends any of the same source that lost its tail.
-                if let Some(i) = at {
-                    self.partials.swap_remove(i);
+        let at = match self.sources.iter().position(|s| s.from == from) {
+            Some(i) => i,
+            None => {
+                if self.sources.len() >= SOURCES {
+                    let gone = self.sources.remove(0);
+                    self.broken += gone.pieces.len() as u64;
                 }
-                Assembled::Whole
-            }
-            UdPart::First => {
-                if let Some(i) = at {
-                    self.partials.swap_remove(i);
-                }
-                if self.partials.len() >= PARTIALS {
-                    self.partials.remove(0);
-                }
-                let mut data = Vec::with_capacity(UD_MAX_DATAGRAM);
-                data.extend_from_slice(payload);
-                self.partials.push(Partial {
+                self.sources.push(Source {
                     from,
-                    next_psn: (f.psn + 1) & 0xFF_FFFF,
-                    data,
+                    pieces: Vec::with_capacity(PIECES),
                 });
-                Assembled::Incomplete
+                self.sources.len() - 1
             }
-            UdPart::Middle | UdPart::Last => {
-                let Some(i) = at else {
-                    return Assembled::Broken;
-                };
-                let p = &mut self.partials[i];
-                if p.next_psn != f.psn || p.data.len() + payload.len() > UD_MAX_DATAGRAM {
-                    self.partials.swap_remove(i);
-                    return Assembled::Broken;
-                }
-                p.data.extend_from_slice(payload);
-                p.next_psn = (p.next_psn + 1) & 0xFF_FFFF;
-                if f.part == UdPart::Middle {
-                    return Assembled::Incomplete;
-                }
-                Assembled::Complete(self.partials.swap_remove(i).data)
+        };
+        let src = &mut self.sources[at];
+        // A frame seen again (the same PSN) replaces the one waiting.
+        if let Some(i) = src.pieces.iter().position(|p| p.psn == f.psn) {
+            src.pieces.swap_remove(i);
+            self.broken += 1;
+        }
+        if src.pieces.len() >= PIECES {
+            let oldest = (0..src.pieces.len())
+                .min_by_key(|&i| src.pieces[i].arrival)
+                .unwrap_or(0);
+            src.pieces.swap_remove(oldest);
+            self.broken += 1;
+        }
+        src.pieces.push(Piece {
+            psn: f.psn,
+            part: f.part,
+            imm: f.imm,
+            data: payload.to_vec(),
+            arrival: self.arrivals,
+        });
+        let Some(run) = complete_run(&src.pieces, f.psn) else {
+            return Assembled::Incomplete;
+        };
+        let mut data = Vec::new();
+        let mut imm = None;
+        let mut len = 0usize;
+        let mut taken = Vec::with_capacity(run.len());
+        for psn in run {
+            if let Some(i) = src.pieces.iter().position(|p| p.psn == psn) {
+                taken.push(src.pieces.swap_remove(i));
             }
         }
+        for p in &taken {
+            len += p.data.len();
+        }
+        if len > UD_MAX_DATAGRAM {
+            self.broken += taken.len() as u64;
+            self.forget_empty();
+            return Assembled::Incomplete;
+        }
+        data.reserve_exact(len);
+        for p in taken {
+            data.extend_from_slice(&p.data);
+            if p.part == UdPart::Last {
+                imm = p.imm;
+            }
+        }
+        self.forget_empty();
+        Assembled::Complete { data, imm }
+    }
+
+    /// Pieces dropped since the last call, each from a datagram that lost a frame (or
+    /// grew past the MTU).
+    pub(crate) fn take_broken(&mut self) -> u64 {
+        std::mem::take(&mut self.broken)
     }
 
     /// Forgets every datagram in progress (the QP was reset).
     pub(crate) fn clear(&mut self) {
-        self.partials.clear();
+        self.sources.clear();
+    }
+
+    fn forget_empty(&mut self) {
+        self.sources.retain(|s| !s.pieces.is_empty());
+    }
+}
+
+/// The PSNs, FIRST to LAST in order, of the complete run through `psn` among `pieces`, if
+/// every frame of it is there.
+fn complete_run(pieces: &[Piece], psn: u32) -> Option<Vec<u32>> {
+    let part = |psn: u32| pieces.iter().find(|p| p.psn == psn).map(|p| p.part);
+    // Back to the FIRST: only MIDDLEs (or this frame) on the way.
+    let mut first = psn;
+    let mut steps = 0;
+    loop {
+        match part(first)? {
+            UdPart::First => break,
+            UdPart::Middle => {}
+            UdPart::Last if first == psn => {}
+            UdPart::Last | UdPart::Only => return None,
+        }
+        steps += 1;
+        if steps > PIECES {
+            return None;
+        }
+        first = first.wrapping_sub(1) & PSN_MASK;
+    }
+    // On to the LAST: only MIDDLEs between.
+    let mut run = vec![first];
+    let mut next = first;
+    loop {
+        next = (next + 1) & PSN_MASK;
+        match part(next)? {
+            UdPart::Middle => run.push(next),
+            UdPart::Last => {
+                run.push(next);
+                return Some(run);
+            }
+            UdPart::First | UdPart::Only => return None,
+        }
+        if run.len() > PIECES {
+            return None;
+        }
     }
 }
 
@@ -116,6 +210,13 @@ mod tests {
         }
     }
 
+    fn whole(data: &[u8], imm: Option<u32>) -> Assembled {
+        Assembled::Complete {
+            data: data.to_vec(),
+            imm,
+        }
+    }
+
     #[test]
     fn interleaved_sources_are_put_back_together_in_order() {
         let mut r = Reassembly::default();
@@ -132,14 +233,52 @@ mod tests {
             Assembled::Incomplete
         );
         assert_eq!(r.add(&frame(3, 5, UdPart::Only), b"z"), Assembled::Whole);
-        assert_eq!(
-            r.add(&frame(2, 0, UdPart::Last), b"!"),
-            Assembled::Complete(b"xy!".to_vec())
-        );
+        assert_eq!(r.add(&frame(2, 0, UdPart::Last), b"!"), whole(b"xy!", None));
         assert_eq!(
             r.add(&frame(1, 12, UdPart::Last), b"e"),
-            Assembled::Complete(b"abcde".to_vec())
+            whole(b"abcde", None)
         );
+        assert_eq!(r.take_broken(), 0);
+        assert!(r.sources.is_empty(), "nothing left waiting");
+    }
+
+    #[test]
+    fn frames_of_a_datagram_may_arrive_in_any_order() {
+        // Every order of a three-frame datagram (PSN wrapping inside it) gives the bytes
+        // in PSN order and the LAST frame's immediate data.
+        let parts = [
+            (0xFF_FFFF, UdPart::First, &b"ab"[..]),
+            (0, UdPart::Middle, &b"cd"[..]),
+            (1, UdPart::Last, &b"e"[..]),
+        ];
+        for order in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let mut r = Reassembly::default();
+            let mut got = Vec::new();
+            for &k in &order {
+                let (psn, part, data) = parts[k];
+                let mut f = frame(7, psn, part);
+                if part == UdPart::Last {
+                    f.imm = Some(0xfeed);
+                }
+                got.push(r.add(&f, data));
+            }
+            assert_eq!(got[..2], [Assembled::Incomplete, Assembled::Incomplete]);
+            assert_eq!(got[2], whole(b"abcde", Some(0xfeed)), "order {order:?}");
+            assert_eq!(r.take_broken(), 0);
+        }
+        // The first datagram's LAST overtaken by the next datagram's frames.
+        let mut r = Reassembly::default();
+        r.add(&frame(1, 10, UdPart::First), b"a");
+        r.add(&frame(1, 12, UdPart::First), b"c");
+        assert_eq!(r.add(&frame(1, 13, UdPart::Last), b"d"), whole(b"cd", None));
+        assert_eq!(r.add(&frame(1, 11, UdPart::Last), b"b"), whole(b"ab", None));
     }
 
     #[test]
@@ -148,30 +287,47 @@ mod tests {
         r.add(&frame(1, 10, UdPart::First), b"ab");
         assert_eq!(
             r.add(&frame(1, 12, UdPart::Last), b"e"),
-            Assembled::Broken,
-            "11 lost"
+            Assembled::Incomplete,
+            "11 lost: waits"
         );
+        assert_eq!(r.add(&frame(1, 20, UdPart::Only), b"z"), Assembled::Whole);
+        r.add(&frame(1, 30, UdPart::First), &[0; 3000]);
         assert_eq!(
-            r.add(&frame(1, 13, UdPart::Last), b"e"),
-            Assembled::Broken,
-            "no FIRST"
-        );
-        r.add(&frame(1, 20, UdPart::First), &[0; 3000]);
-        assert_eq!(
-            r.add(&frame(1, 21, UdPart::Last), &[0; 1200]),
-            Assembled::Broken,
+            r.add(&frame(1, 31, UdPart::Last), &[0; 1200]),
+            Assembled::Incomplete,
             "> MTU"
         );
-        r.add(&frame(1, 30, UdPart::First), b"a");
-        assert_eq!(r.add(&frame(1, 31, UdPart::Only), b"b"), Assembled::Whole);
-        assert_eq!(
-            r.add(&frame(1, 32, UdPart::Last), b"c"),
-            Assembled::Broken,
-            "replaced"
-        );
-        for q in 0..(PARTIALS as u32 + 4) {
-            r.add(&frame(q, 0, UdPart::First), b"p");
+        assert_eq!(r.take_broken(), 2, "the run past the MTU");
+        // The stray pieces of the lost datagram go once newer pieces need the room.
+        for k in 0..PIECES as u32 {
+            let part = if k % 2 == 0 {
+                UdPart::First
+            } else {
+                UdPart::Last
+            };
+            let got = r.add(&frame(1, 40 + k, part), b"p");
+            if k % 2 == 1 {
+                assert_eq!(got, whole(b"pp", None));
+            }
         }
-        assert_eq!(r.partials.len(), PARTIALS, "bounded");
+        r.add(&frame(1, 100, UdPart::First), b"q");
+        r.add(&frame(1, 102, UdPart::First), b"q");
+        r.add(&frame(1, 104, UdPart::First), b"q");
+        r.add(&frame(1, 106, UdPart::First), b"q");
+        r.add(&frame(1, 108, UdPart::First), b"q");
+        r.add(&frame(1, 110, UdPart::First), b"q");
+        r.add(&frame(1, 112, UdPart::First), b"q");
+        assert_eq!(r.take_broken(), 1, "PSN 10 went first");
+        assert_eq!(
+            r.add(&frame(1, 11, UdPart::Last), b"b"),
+            Assembled::Incomplete,
+            "its FIRST is gone"
+        );
+        assert_eq!(r.take_broken(), 1, "PSN 12 made room");
+        for q in 0..(SOURCES as u32 + 4) {
+            r.add(&frame(q + 10, 0, UdPart::First), b"p");
+        }
+        assert_eq!(r.sources.len(), SOURCES, "bounded");
+        assert!(r.sources.iter().all(|s| s.pieces.len() <= PIECES));
     }
 }

@@ -31,7 +31,8 @@ struct Drops {
     qkey: AtomicU64,
     /// The QP had no receive buffer.
     no_buffer: AtomicU64,
-    /// A datagram of several frames missed one (lost or reordered on the way).
+    /// Frames of datagrams of several that never completed (one lost on the way, or the
+    /// datagram past the MTU).
     broken: AtomicU64,
 }
 
@@ -87,17 +88,21 @@ impl Dispatch {
         let (Some(ip), Some(data)) = (frame.get(IPV4_RANGE), frame.get(payload)) else {
             return bump(&self.drops.malformed);
         };
-        let whole = match qp
-            .frags
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .add(&f, data)
-        {
-            Assembled::Whole => None,
-            Assembled::Complete(datagram) => Some(datagram),
-            Assembled::Incomplete => return,
-            Assembled::Broken => return bump(&self.drops.broken),
+        let (whole, imm) = {
+            let mut frags = qp.frags.lock().unwrap_or_else(|e| e.into_inner());
+            let got = frags.add(&f, data);
+            self.drops
+                .broken
+                .fetch_add(frags.take_broken(), Ordering::Relaxed);
+            match got {
+                Assembled::Whole => (None, f.imm),
+                Assembled::Complete { data, imm } => (Some(data), imm),
+                Assembled::Incomplete => return,
+            }
         };
+        // The completion's immediate data rides on the LAST frame, which need not be the
+        // one that completed the datagram.
+        let f = UdFrame { imm, ..f };
         match qp.deliver(&f, ip, whole.as_deref().unwrap_or(data)) {
             Delivery::Done => {}
             Delivery::NotReady => bump(&self.drops.no_qp),
