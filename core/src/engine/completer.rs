@@ -268,6 +268,22 @@ impl<P: Platform, S: Storage> Device<P, S> {
         }
         self.stats.timeouts += 1;
         if !self.qp(i).req.use_retry() {
+            let (acked, next) = (self.qp(i).req.acked_psn(), self.qp(i).req.next_psn());
+            let sq = self.sq(i);
+            let (sent, queued) = (sq.sent(), sq.len());
+            let reads = sq.sent_wqes().filter(|w| w.read_pending()).count();
+            let a = self.qp(i).attrs;
+            core_warn!(
+                "QP {:#x}: retry count ({}) exceeded: no answer from QP {:#x} for PSNs {:#x}..{:#x}; {} of {} WQEs sent, {} READs without their response",
+                a.qpn.get(),
+                a.retry_cnt,
+                a.dest_qpn.get(),
+                acked.get(),
+                next.get(),
+                sent,
+                queued,
+                reads
+            );
             self.fail_qp(i, WcStatus::RetryExcErr);
             return;
         }

@@ -27,7 +27,7 @@ use super::{Device, Platform, Storage};
 /// READ responses a QP's send queue has room for by default, beyond its `max_send_wr`:
 /// the READs its peer may have in flight (`max_dest_rd_atomic`, which the stand-in
 /// reports as 16).
-pub const READ_RESPONSE_ROOM: u32 = 16;
+pub const READ_RESPONSE_ROOM: u32 = crate::qp::MAX_RD_ATOMIC as u32;
 
 /// The queue sizes of a new QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +107,10 @@ pub struct QpAttrs {
     pub rnr_retry: u8,
     /// `min_rnr_timer` (IB table code).
     pub min_rnr_timer: u8,
+    /// `max_rd_atomic`: READs outstanding at once; 0 (never set) means as many as the
+    /// peer has room for, [`READ_RESPONSE_ROOM`] (IB would allow none; a program that never
+    /// sets it would hang).
+    pub max_rd_atomic: u8,
     /// The next PSN this QP sends (in a query: now; as stored: the `sq_psn` last set).
     pub sq_psn: Psn,
     /// The next PSN this QP expects (in a query: now; as stored: the `rq_psn` last set).
@@ -137,6 +141,7 @@ impl Default for QpAttrs {
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 0,
+            max_rd_atomic: 0,
             sq_psn: Psn::from_raw(0),
             rq_psn: Psn::from_raw(0),
             caps: QpCaps {
@@ -607,6 +612,9 @@ fn apply(q: &mut QpSlot, attr: &QpAttr) {
     }
     if let Some(v) = attr.min_rnr_timer {
         a.min_rnr_timer = v;
+    }
+    if let Some(v) = attr.max_rd_atomic {
+        a.max_rd_atomic = v;
     }
 }
 

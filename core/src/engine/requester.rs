@@ -15,7 +15,7 @@ use crate::transport::{Chunk, Fragmenter, Psn};
 
 use super::config::{BATCH, CHUNK_BYTES, SEND_WINDOW_CAP};
 use super::error::VerbsError;
-use super::qp::{QpAttrs, QpHandle, QpIndex};
+use super::qp::{QpAttrs, QpHandle, QpIndex, READ_RESPONSE_ROOM};
 use super::retire::SendMark;
 use super::storage::{SendQueue, SqCounters, Timer};
 use super::wqe::{chunk_count_len, Wqe, WqeState};
@@ -455,6 +455,10 @@ impl<P: Platform, S: Storage> Device<P, S> {
         if w.is_atomic() {
             return self.send_atomic_wqe(i, k, w, timeout);
         }
+        if first && w.is_read() && !self.reads_allow(i, attrs) {
+            // Waits (and the WQEs after it, in order) for a response to come in.
+            return false;
+        }
         if first && !self.invalidate_ready(i, k, &w, next_psn) {
             return false;
         }
@@ -511,6 +515,24 @@ impl<P: Platform, S: Storage> Device<P, S> {
         // The window may be full in the middle of this request: the rest goes out as ACKs
         // open it.
         to >= w.npsn
+    }
+
+    /// Whether QP `i` may send one more READ: fewer than its `max_rd_atomic` wait for their
+    /// response data. The peer answers at most that many at once (its
+    /// `max_dest_rd_atomic`, [`READ_RESPONSE_ROOM`]); beyond, its answers dropped or
+    /// queued past the requester's message queue, and ib_read_bw's 128 outstanding READs
+    /// ended in RETRY_EXC_ERR under load.
+    fn reads_allow(&mut self, i: QpIndex, attrs: &QpAttrs) -> bool {
+        let limit = match attrs.max_rd_atomic {
+            0 => READ_RESPONSE_ROOM,
+            n => u32::from(n),
+        } as usize;
+        self.sq(i)
+            .sent_wqes()
+            .filter(|w| w.read_pending())
+            .take(limit)
+            .count()
+            < limit
     }
 
     /// Writes back the k-th WQE of QP `i`'s send queue.

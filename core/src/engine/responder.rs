@@ -60,6 +60,9 @@ pub const MSG_QUEUE: usize = 64;
 pub const LOST_TRACKED: usize = 64;
 /// FIRST packets remembered per QP (their RETH carries the message length).
 pub const FIRSTS_TRACKED: usize = 32;
+/// READ requests answered and not yet delivered (passed by the delivery point) remembered
+/// per QP: twice the READs a requester keeps outstanding (`max_rd_atomic`).
+pub const READS_TRACKED: usize = 2 * crate::qp::MAX_RD_ATOMIC as usize;
 
 /// What arrived on one QP and what is still to complete.
 #[derive(Clone, Debug)]
@@ -90,8 +93,11 @@ pub(crate) struct Responder {
     /// A message end or FIRST report found no room: its PSNs stay unacknowledged until the
     /// requester resends them; NAK the acknowledgement point to make it do so now.
     reports_dropped: bool,
-    /// The newest READ request answered: a request at or before it is a resend.
-    read_answered: Option<Psn>,
+    /// READ requests answered at or after `next_msg`: one of them arriving again is a
+    /// resend. (Before it, every request was answered.) A high-water mark is not enough:
+    /// the card takes requests out of order around a lost one, and the lost one, resent,
+    /// was taken for a resend and never answered (ib_read_bw failed with RETRY_EXC_ERR).
+    reads_answered: heapless::Vec<Psn, READS_TRACKED>,
     /// Received messages waiting for their PSNs, in PSN order.
     msgs: heapless::Deque<MsgEnd, MSG_QUEUE>,
     /// FIRST packets seen of messages not delivered yet, in PSN order: (PSN, message length,
@@ -115,7 +121,7 @@ impl Default for Responder {
             lost: heapless::Vec::new(),
             card_fresh: true,
             reports_dropped: false,
-            read_answered: None,
+            reads_answered: heapless::Vec::new(),
             msgs: heapless::Deque::new(),
             firsts: heapless::Deque::new(),
             next_msg: Psn::from_raw(0),
@@ -152,6 +158,7 @@ impl Responder {
         self.rx.reset(psn);
         self.acked_rx = psn;
         self.next_msg = psn;
+        self.reads_answered.clear();
     }
 
     /// The path MTU was set.
@@ -216,8 +223,23 @@ impl Responder {
         if psn.is_before(self.rx.base()) {
             self.reack = true;
         }
+        let next = self.next_msg;
+        self.reads_answered.retain(|p| !p.is_before(next));
+        if psn.is_before(next) {
+            // Delivered: answered long ago.
+            self.rx.set(psn);
+            return ReadRequest::Resent;
+        }
+        let answered = self.reads_answered.contains(&psn);
+        if !answered && self.reads_answered.is_full() {
+            // No room to remember the answer: not taken now (neither received nor
+            // recorded), so the requester resends it, as after a full message queue.
+            self.reports_dropped = true;
+            return ReadRequest::Resent;
+        }
         self.rx.set(psn);
-        push_msg(
+        // Recorded again if a full queue pushed it out since its answer.
+        let queued = push_msg(
             self,
             MsgEnd {
                 psn,
@@ -229,10 +251,12 @@ impl Responder {
                 addr,
             },
         );
-        if self.read_answered.is_some_and(|last| !last.is_before(psn)) {
+        if answered || !queued {
+            // Answered already; or not recorded, so never acknowledged: resent, and
+            // answered then.
             return ReadRequest::Resent;
         }
-        self.read_answered = Some(psn);
+        let _ = self.reads_answered.push(psn);
         ReadRequest::Answer
     }
 
@@ -451,10 +475,10 @@ fn on_card_loss(q: &mut Responder, a: &AckReport, pre_bitmap: u128) {
 /// queue is full the message with the highest PSN is dropped: [`ack_limit`] then never
 /// acknowledges it, so the requester sends it again.
 #[inline]
-fn push_msg(q: &mut Responder, m: MsgEnd) {
+fn push_msg(q: &mut Responder, m: MsgEnd) -> bool {
     // A retransmitted LAST is reported again: keep one entry per message.
     if m.psn.is_before(q.next_msg) || q.msgs.iter().any(|x| x.psn == m.psn) {
-        return;
+        return true;
     }
     if !insert_sorted(&mut q.msgs, m, |x| x.psn) {
         q.reports_dropped = true;
@@ -462,7 +486,9 @@ fn push_msg(q: &mut Responder, m: MsgEnd) {
             "QP {:#x}: message queue full; a message waits for its resend",
             q.qpn.get()
         );
+        return q.msgs.iter().any(|x| x.psn == m.psn);
     }
+    true
 }
 
 /// Inserts `item` into `queue`, kept sorted by `psn`. When the queue is full, the entry

@@ -78,6 +78,8 @@ pub struct RawQpAttr {
     pub rnr_retry: u8,
     /// `min_rnr_timer`.
     pub min_rnr_timer: u8,
+    /// `max_rd_atomic`.
+    pub max_rd_atomic: u8,
 }
 
 /// Decoded attributes; each is `Some` exactly when its mask bit was set.
@@ -108,7 +110,13 @@ pub struct QpAttr {
     pub rnr_retry: Option<u8>,
     /// `MIN_RNR_TIMER`: 0..=31 (IB spec table 45).
     pub min_rnr_timer: Option<u8>,
+    /// `MAX_QP_RD_ATOMIC`: READs this QP keeps outstanding at once, 0..=[`MAX_RD_ATOMIC`].
+    pub max_rd_atomic: Option<u8>,
 }
+
+/// The most READs a QP may keep outstanding (`max_rd_atomic`): the READ responses a peer
+/// has room for ([`crate::engine::READ_RESPONSE_ROOM`], its `max_dest_rd_atomic`).
+pub const MAX_RD_ATOMIC: u8 = 16;
 
 /// A raw attribute value the driver cannot use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,6 +219,13 @@ impl QpAttr {
         }
         if has(QpAttrMask::MIN_RNR_TIMER) {
             a.min_rnr_timer = Some(bounded(QpAttrMask::MIN_RNR_TIMER, raw.min_rnr_timer, 31)?);
+        }
+        if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = Some(bounded(
+                QpAttrMask::MAX_QP_RD_ATOMIC,
+                raw.max_rd_atomic,
+                MAX_RD_ATOMIC,
+            )?);
         }
         Ok(a)
     }
@@ -326,6 +341,21 @@ mod tests {
             "the reference's exponent 50 is refused, not clamped"
         );
         raw.timeout = 0;
+        raw.max_rd_atomic = 16;
+        let rd = QpAttrMask::MAX_QP_RD_ATOMIC;
+        assert_eq!(QpAttr::decode(&raw, rd).unwrap().max_rd_atomic, Some(16));
+        raw.max_rd_atomic = 17;
+        assert_eq!(
+            QpAttr::decode(&raw, rd).unwrap_err().to_string(),
+            "MAX_QP_RD_ATOMIC 17 out of range",
+            "more READs than the peer has room for"
+        );
+        assert_eq!(
+            QpAttr::decode(&raw, all).unwrap().max_rd_atomic,
+            None,
+            "not in the mask"
+        );
+        raw.max_rd_atomic = 0;
         raw.qp_access_flags = 1 << 4;
         assert_eq!(
             QpAttr::decode(&raw, all),

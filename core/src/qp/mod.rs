@@ -4,7 +4,7 @@
 pub mod attr;
 pub mod state;
 
-pub use attr::{Gid, QpAccessFlags, QpAttr, QpAttrError, RawQpAttr};
+pub use attr::{Gid, QpAccessFlags, QpAttr, QpAttrError, RawQpAttr, MAX_RD_ATOMIC};
 pub use state::{
     check_modify, check_transition, QpAttrMask, QpState, QpTransitionError, QpType, TransitionFault,
 };

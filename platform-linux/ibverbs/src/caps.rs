@@ -17,7 +17,7 @@ pub(crate) const MAX_QP_WR: u32 = 8192;
 /// Completions one CQ may ask for (`max_cqe`); the device's completion table holds two.
 pub(crate) const MAX_CQE: u32 = 65536;
 /// Outstanding RDMA READs a QP may have (initiator and responder).
-pub(crate) const MAX_RD_ATOM: u8 = 16;
+pub(crate) const MAX_RD_ATOM: u8 = bluerdma_core::qp::MAX_RD_ATOMIC;
 /// The largest message (the card's 32-bit length).
 pub(crate) const MAX_MSG: u32 = 1 << 31;
 

@@ -191,6 +191,7 @@ pub(crate) unsafe fn modify(qp: *mut IbvQp, a: &IbvQpAttr, mask: QpAttrMask) -> 
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
         min_rnr_timer: a.min_rnr_timer,
+        max_rd_atomic: a.max_rd_atomic,
     };
     if let Err(e) = q.qp.modify(&raw, mask) {
         return fail(e);
@@ -268,7 +269,7 @@ fn attr_of(q: &Qp) -> Result<IbvQpAttr, c_int> {
         alt_pkey_index: 0,
         en_sqd_async_notify: 0,
         sq_draining: 0,
-        max_rd_atomic: caps::MAX_RD_ATOM,
+        max_rd_atomic: s.max_rd_atomic,
         max_dest_rd_atomic: caps::MAX_RD_ATOM,
         min_rnr_timer: s.min_rnr_timer,
         port_num: 1,

@@ -160,6 +160,7 @@ impl Qp {
                 timeout,
                 retry_cnt,
                 rnr_retry,
+                max_rd_atomic: bluerdma_core::qp::MAX_RD_ATOMIC,
                 ..RawQpAttr::default()
             },
             QpAttrMask::STATE

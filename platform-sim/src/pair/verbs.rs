@@ -53,6 +53,8 @@ pub struct QpOptions {
     pub psn: [u32; 2],
     /// QP access flags.
     pub access: QpAccessFlags,
+    /// READs each QP keeps outstanding (`max_rd_atomic`; 0: the peer's room, 16).
+    pub max_rd_atomic: u8,
 }
 
 impl Default for QpOptions {
@@ -67,6 +69,7 @@ impl Default for QpOptions {
             access: QpAccessFlags::LOCAL_WRITE
                 | QpAccessFlags::REMOTE_WRITE
                 | QpAccessFlags::REMOTE_READ,
+            max_rd_atomic: 0,
         }
     }
 }
@@ -277,6 +280,7 @@ impl Pair {
             timeout: o.timeout,
             retry_cnt: o.retry_cnt,
             rnr_retry: o.rnr_retry,
+            max_rd_atomic: o.max_rd_atomic,
             ..RawQpAttr::default()
         };
         self.modify_qp(
