@@ -214,15 +214,25 @@ impl UdShared {
             wc.status = WcStatus::LocLenErr;
             wc.byte_len = 0;
         } else {
-            let mut src = grh.iter().chain(payload).copied();
+            // The GRH area, then the payload, across the SGEs in order: one copy per piece.
+            let mut parts = [&grh[..], payload];
+            let mut part = 0;
             for s in &wr.sges[..wr.n] {
                 let dst = s.addr as *mut u8;
-                for i in 0..s.length as usize {
-                    let Some(b) = src.next() else { break };
+                let mut at = 0usize;
+                while at < s.length as usize && part < parts.len() {
+                    let src = parts[part];
+                    let n = src.len().min(s.length as usize - at);
                     // SAFETY: post_recv checked that the SGE lies in a registered region
                     // with local write access; the verbs contract gives the buffer to the
-                    // library until its completion is polled.
-                    unsafe { dst.add(i).write(b) };
+                    // library until its completion is polled; `at + n` stays within the
+                    // SGE's length, and `src` is the library's own bytes.
+                    unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst.add(at), n) };
+                    at += n;
+                    parts[part] = &src[n..];
+                    if parts[part].is_empty() {
+                        part += 1;
+                    }
                 }
             }
         }
