@@ -1165,9 +1165,20 @@ fn figure_of(tool: &str, runs: &[ToolRun]) -> PairFigure {
                 bad.label, bad.role, bad.exit
             ))
         }
-        None => client
-            .and_then(|r| r.value)
-            .ok_or_else(|| format!("{tool}: no figure")),
+        None => match client.and_then(|r| r.value.map(|v| (r, v))) {
+            // perftest can also go on after a failed calibration and report `inf` (its
+            // clock rate taken as 0): the same busy machine, not a transfer error.
+            Some((r, v))
+                if !v.is_finite() && read_log(&r.log).contains("Correlation coefficient") =>
+            {
+                Err(format!(
+                    "{} client reported {v}: {CLOCK_CALIBRATION} (r^2 < 0.9, the machine was busy)",
+                    r.label
+                ))
+            }
+            Some((_, v)) => Ok(v),
+            None => Err(format!("{tool}: no figure")),
+        },
     };
     PairFigure {
         value,
@@ -1673,6 +1684,37 @@ pub(crate) fn keyed_number(text: &str, key: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inf_figure_after_a_failed_clock_calibration_is_named_as_such() {
+        let log = std::env::temp_dir().join(format!("xtask-calib-{}.log", std::process::id()));
+        let run = |value: f64, text: &str| {
+            fs::write(&log, text).unwrap();
+            ToolRun {
+                label: "ib_write_lat".into(),
+                role: "client",
+                exit: Exit::Code(0),
+                time: Duration::ZERO,
+                figure: String::new(),
+                value: Some(value),
+                problem: None,
+                log: log.clone(),
+                command: String::new(),
+                cpu_s: 0.0,
+                span: None,
+            }
+        };
+        let calib = "Correlation coefficient r^2: 0.72 < 0.9\n 8 200 inf inf inf\n";
+        let e = figure_of("ib_write_lat", &[run(f64::INFINITY, calib)])
+            .value
+            .unwrap_err();
+        assert!(e.contains(CLOCK_CALIBRATION), "{e}");
+        let ok = figure_of("ib_write_lat", &[run(8.5, calib)]).value;
+        assert_eq!(ok, Ok(8.5), "a finite figure stands");
+        let e = figure_of("ib_write_lat", &[run(f64::INFINITY, "no warning")]).value;
+        assert_eq!(e, Ok(f64::INFINITY), "left to the plausibility check");
+        let _ = fs::remove_file(&log);
+    }
 
     #[test]
     fn perftest_tables_are_read_by_column_name() {
