@@ -67,7 +67,8 @@ fn main() -> ExitCode {
             opts.scale, opts.seed
         ),
         None => println!(
-            "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the UDP link, port {}; faults {}; seed {}",
+            "sim (verbs): blue0 = 127.0.0.1, blue1 = 127.0.0.2 on the {}, port {}; faults {}; seed {}",
+            bluerdma_linux::scenarios::link_name(),
             opts.port,
             opts.faults
                 .map(|f| f.to_string())

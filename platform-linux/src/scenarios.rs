@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
-use bluerdma_sim::link::{FaultConfig, FaultyLink, LinkPort, UdpLink, UdpLinkConfig};
+use bluerdma_sim::link::{
+    FaultConfig, FaultyLink, LinkPort, ShmConfig, ShmLink, UdpLink, UdpLinkConfig,
+};
 
 use crate::debug::hex_diff;
 use crate::perf::{self, ALL};
@@ -171,9 +173,22 @@ struct Pair {
     b: Context,
 }
 
+/// The link of a device at `ip`, as devices get theirs: the shared-memory link to cards of
+/// this host over UDP unless `BLUERDMA_LINK_SHM` turns it off ([`link_name`]), the faults
+/// (if any) in front of it.
 fn link(ip: Ipv4Addr, opts: &Options, salt: u64) -> Result<Box<dyn LinkPort>, String> {
     let udp = UdpLink::bind(UdpLinkConfig::new(ip).with_port(opts.port))
         .map_err(|e| format!("bind {ip}:{}: {e}", opts.port))?;
+    let udp: Box<dyn LinkPort> = match ShmConfig::from_env() {
+        Some(shm) => match ShmLink::over(udp, shm) {
+            Ok(link) => Box::new(link),
+            Err((udp, e)) => {
+                log::warn!("{ip}: no shared-memory link ({e}); UDP only");
+                udp
+            }
+        },
+        None => Box::new(udp),
+    };
     Ok(match opts.faults {
         Some(mut f) => {
             f.seed ^= salt;
@@ -181,6 +196,16 @@ fn link(ip: Ipv4Addr, opts: &Options, salt: u64) -> Result<Box<dyn LinkPort>, St
         }
         None => Box::new(udp),
     })
+}
+
+/// The link the devices of a run without a device list get: `shared memory over UDP`, or
+/// `UDP` when `BLUERDMA_LINK_SHM` turns the shared memory off.
+pub fn link_name() -> &'static str {
+    if ShmConfig::from_env().is_some() {
+        "shared-memory link (over UDP)"
+    } else {
+        "UDP link"
+    }
 }
 
 /// The OOB port of a run: 60000 by the spec on the default link port, else one derived
