@@ -109,6 +109,33 @@ fn a_lost_write_is_accepted_by_the_check_and_resent() {
 }
 
 #[test]
+fn a_lost_send_on_a_qp_without_remote_access_is_accepted_by_the_check_and_resent() {
+    // ibv_rc_pingpong gives its QPs no access flags: a SEND needs none (IB 10.6.1), only
+    // the receive buffer's LOCAL_WRITE. A check after a lost SEND refused it for the QP's
+    // missing REMOTE_WRITE and put both QPs in ERR (a CI run of ibv_rc_pingpong -e).
+    let o = QpOptions {
+        access: bluerdma_sim::core::qp::QpAccessFlags::empty(),
+        ..quick()
+    };
+    let (mut p, c) = connected(&o);
+    p.set_oob_access_checks(A, true);
+    p.set_oob_access_checks(B, true);
+    let src = filled(&mut p, &c, A, 4096, 4);
+    let rbuf = buffer(&mut p, &c, B, 4096);
+    post_recvs(&mut p, &c, B, &[recv(8, &rbuf, 0, 4096)]);
+    p.inject(Fault::Drop, Some(1), |f| f.from == Side::A && f.is_data());
+    post(&mut p, &c, A, &[send(9, &src, 0, 4096, None)]);
+    let sent = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!((sent[0].wr_id, sent[0].status), (9, WcStatus::Success));
+    let got = recv_wcs(&mut p, &c, B, 1, ms(100));
+    assert_eq!((got[0].wr_id, got[0].status), (8, WcStatus::Success));
+    assert_eq!(p.bytes(&rbuf), &pattern(4096, 4)[..]);
+    assert_eq!(p.stats(A).access_checks, 1, "the check ran");
+    assert_eq!(p.stats(A).access_refused, 0);
+    assert_eq!(p.qp_state(B, c.qp(B)).unwrap(), QpState::Rts);
+}
+
+#[test]
 fn without_checks_a_refused_write_still_ends_in_retry_exceeded() {
     let (mut p, c) = connected(&quick());
     let src = filled(&mut p, &c, A, 4096, 2);

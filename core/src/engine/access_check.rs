@@ -101,10 +101,12 @@ impl<P: Platform, S: Storage> Device<P, S> {
         let (qp_access, mr_access) = match c.op {
             CheckOp::Write => (QpAccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_WRITE),
             CheckOp::Read => (QpAccessFlags::REMOTE_READ, AccessFlags::REMOTE_READ),
-            // The card checks REMOTE_WRITE on the QP for SENDs too (the driver grants it).
-            CheckOp::Send | CheckOp::SendInv => {
-                (QpAccessFlags::REMOTE_WRITE, AccessFlags::LOCAL_WRITE)
-            }
+            // A SEND needs no access flag on the QP (IB 10.6.1), only LOCAL_WRITE on the
+            // receive buffer. The card checks REMOTE_WRITE on the QP for SENDs too, but
+            // the driver grants it on the card whatever the application set, so the QP's
+            // attributes (ibv_rc_pingpong sets none) are not the test: they refused a
+            // lost SEND's check and put both QPs in ERR.
+            CheckOp::Send | CheckOp::SendInv => (QpAccessFlags::empty(), AccessFlags::LOCAL_WRITE),
         };
         let ok = a.access.contains(qp_access)
             && self.mr_covers(
