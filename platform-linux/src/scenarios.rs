@@ -11,9 +11,8 @@ use std::time::{Duration, Instant};
 
 use bluerdma_core::addr::VirtAddr;
 use bluerdma_core::engine::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
-use bluerdma_sim::link::{
-    FaultConfig, FaultyLink, LinkPort, ShmConfig, ShmLink, UdpLink, UdpLinkConfig,
-};
+use bluerdma_sim::inproc::{device_link, DeviceLinkOptions};
+use bluerdma_sim::link::{FaultConfig, FaultyLink, LinkPort, ShmConfig};
 
 use crate::debug::hex_diff;
 use crate::perf::{self, ALL};
@@ -173,29 +172,20 @@ struct Pair {
     b: Context,
 }
 
-/// The link of a device at `ip`, as devices get theirs: the shared-memory link to cards of
-/// this host over UDP unless `BLUERDMA_LINK_SHM` turns it off ([`link_name`]), the faults
-/// (if any) in front of it.
+/// The link of a device at `ip`, as devices get theirs ([`device_link`]): the shared-memory
+/// link to cards of this host over UDP unless `BLUERDMA_LINK_SHM` turns it off
+/// ([`link_name`]), the faults (if any, their seed salted per device) in front of it.
 fn link(ip: Ipv4Addr, opts: &Options, salt: u64) -> Result<Box<dyn LinkPort>, String> {
-    let udp = UdpLink::bind(UdpLinkConfig::new(ip).with_port(opts.port))
-        .map_err(|e| format!("bind {ip}:{}: {e}", opts.port))?;
-    let udp: Box<dyn LinkPort> = match ShmConfig::from_env() {
-        Some(shm) => match ShmLink::over(udp, shm) {
-            Ok(link) => Box::new(link),
-            Err((udp, e)) => {
-                log::warn!("{ip}: no shared-memory link ({e}); UDP only");
-                udp
-            }
-        },
-        None => Box::new(udp),
-    };
-    Ok(match opts.faults {
-        Some(mut f) => {
+    let link_opts = DeviceLinkOptions {
+        port: Some(opts.port),
+        faults: opts.faults.map(|mut f| {
             f.seed ^= salt;
-            Box::new(FaultyLink::new(udp, f).map_err(|e| format!("faults: {e}"))?)
-        }
-        None => Box::new(udp),
-    })
+            f
+        }),
+        capture: None,
+        shm: ShmConfig::from_env(),
+    };
+    device_link(ip, &link_opts).map_err(|e| e.to_string())
 }
 
 /// The link the devices of a run without a device list get: `shared memory over UDP`, or
