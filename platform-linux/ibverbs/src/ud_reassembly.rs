@@ -28,11 +28,9 @@ struct Piece {
     part: UdPart,
     imm: Option<u32>,
     data: Vec<u8>,
-    /// When it arrived (the QP's frame count): the oldest are dropped first.
-    arrival: u64,
 }
 
-/// The pieces from one source QP.
+/// The pieces from one source QP, oldest first (the oldest are dropped first).
 struct Source {
     from: (Ipv4Addr, u32),
     pieces: Vec<Piece>,
@@ -54,7 +52,6 @@ pub(crate) enum Assembled {
 #[derive(Default)]
 pub(crate) struct Reassembly {
     sources: Vec<Source>,
-    arrivals: u64,
     /// Pieces dropped without completing their datagram (see [`Reassembly::take_broken`]).
     broken: u64,
 }
@@ -65,7 +62,6 @@ impl Reassembly {
         if f.part == UdPart::Only {
             return Assembled::Whole;
         }
-        self.arrivals += 1;
         let from = (f.src_ip, f.deth.src_qpn);
         let at = match self.sources.iter().position(|s| s.from == from) {
             Some(i) => i,
@@ -84,14 +80,11 @@ impl Reassembly {
         let src = &mut self.sources[at];
         // A frame seen again (the same PSN) replaces the one waiting.
         if let Some(i) = src.pieces.iter().position(|p| p.psn == f.psn) {
-            src.pieces.swap_remove(i);
+            src.pieces.remove(i);
             self.broken += 1;
         }
         if src.pieces.len() >= PIECES {
-            let oldest = (0..src.pieces.len())
-                .min_by_key(|&i| src.pieces[i].arrival)
-                .unwrap_or(0);
-            src.pieces.swap_remove(oldest);
+            src.pieces.remove(0);
             self.broken += 1;
         }
         src.pieces.push(Piece {
@@ -99,33 +92,34 @@ impl Reassembly {
             part: f.part,
             imm: f.imm,
             data: payload.to_vec(),
-            arrival: self.arrivals,
         });
-        let Some(run) = complete_run(&src.pieces, f.psn) else {
+        let Some((first, n)) = complete_run(&src.pieces, f.psn) else {
             return Assembled::Incomplete;
         };
-        let mut data = Vec::new();
-        let mut imm = None;
-        let mut len = 0usize;
-        let mut taken = Vec::with_capacity(run.len());
-        for psn in run {
-            if let Some(i) = src.pieces.iter().position(|p| p.psn == psn) {
-                taken.push(src.pieces.swap_remove(i));
-            }
-        }
-        for p in &taken {
-            len += p.data.len();
-        }
+        // The run's PSNs are first, first + 1, ..., every one of them waiting.
+        let in_run = |p: &Piece| ((p.psn.wrapping_sub(first)) & PSN_MASK) < n;
+        let len: usize = src
+            .pieces
+            .iter()
+            .filter(|p| in_run(p))
+            .map(|p| p.data.len())
+            .sum();
         if len > UD_MAX_DATAGRAM {
-            self.broken += taken.len() as u64;
+            src.pieces.retain(|p| !in_run(p));
+            self.broken += u64::from(n);
             self.forget_empty();
             return Assembled::Incomplete;
         }
-        data.reserve_exact(len);
-        for p in taken {
-            data.extend_from_slice(&p.data);
-            if p.part == UdPart::Last {
-                imm = p.imm;
+        let mut data = Vec::with_capacity(len);
+        let mut imm = None;
+        for k in 0..n {
+            let psn = (first + k) & PSN_MASK;
+            if let Some(i) = src.pieces.iter().position(|p| p.psn == psn) {
+                let p = src.pieces.remove(i);
+                data.extend_from_slice(&p.data);
+                if p.part == UdPart::Last {
+                    imm = p.imm;
+                }
             }
         }
         self.forget_empty();
@@ -148,9 +142,9 @@ impl Reassembly {
     }
 }
 
-/// The PSNs, FIRST to LAST in order, of the complete run through `psn` among `pieces`, if
-/// every frame of it is there.
-fn complete_run(pieces: &[Piece], psn: u32) -> Option<Vec<u32>> {
+/// The FIRST's PSN and the frame count of the complete run through `psn` among `pieces`,
+/// if every frame of it, FIRST to LAST, is there.
+fn complete_run(pieces: &[Piece], psn: u32) -> Option<(u32, u32)> {
     let part = |psn: u32| pieces.iter().find(|p| p.psn == psn).map(|p| p.part);
     // Back to the FIRST: only MIDDLEs (or this frame) on the way.
     let mut first = psn;
@@ -169,22 +163,15 @@ fn complete_run(pieces: &[Piece], psn: u32) -> Option<Vec<u32>> {
         first = first.wrapping_sub(1) & PSN_MASK;
     }
     // On to the LAST: only MIDDLEs between.
-    let mut run = vec![first];
-    let mut next = first;
-    loop {
-        next = (next + 1) & PSN_MASK;
-        match part(next)? {
-            UdPart::Middle => run.push(next),
-            UdPart::Last => {
-                run.push(next);
-                return Some(run);
-            }
+    let mut n = 1;
+    while n <= PIECES as u32 {
+        match part((first + n) & PSN_MASK)? {
+            UdPart::Middle => n += 1,
+            UdPart::Last => return Some((first, n + 1)),
             UdPart::First | UdPart::Only => return None,
         }
-        if run.len() > PIECES {
-            return None;
-        }
     }
+    None
 }
 
 #[cfg(test)]
