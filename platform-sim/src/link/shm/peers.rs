@@ -107,42 +107,61 @@ impl Outbound {
     /// Writes the frames that have a ring into it, publishing each ring once at the end and
     /// ringing the bells of receivers that sleep; the indices of the others (for UDP) are
     /// pushed to `udp`.
+    ///
+    /// Consecutive frames to one destination (a message's packets) are one run: its peer
+    /// is looked up and checked once for the whole run, not per frame.
     pub(super) fn send(&mut self, frames: &[&[u8]], udp: &mut Vec<usize>) {
         let now = Instant::now();
         let mut written = 0u64;
-        for (i, frame) in frames.iter().enumerate() {
-            let Some(dst) = crate::link::route::frame_dst_ipv4(frame)
-                .ok()
-                .filter(|ip| ip.is_loopback() || self.network)
-            else {
+        let mut i = 0;
+        let mut next_dst = frames.first().and_then(|f| self.ring_dst(f));
+        while i < frames.len() {
+            let Some(dst) = next_dst else {
                 // The UDP link counts what it cannot route.
                 udp.push(i);
+                i += 1;
+                next_dst = frames.get(i).and_then(|f| self.ring_dst(f));
                 continue;
             };
+            let start = i;
+            loop {
+                i += 1;
+                next_dst = frames.get(i).and_then(|f| self.ring_dst(f));
+                if i == frames.len() || next_dst != Some(dst) {
+                    break;
+                }
+            }
+            let run = start..i;
             if !self.ready(dst, now) {
-                udp.push(i);
+                udp.extend(run);
                 continue;
             }
             let Some(Peer::Active(tx)) = self.peers.get_mut(&dst) else {
-                udp.push(i);
+                udp.extend(run);
                 continue;
             };
-            if frame.len() > tx.ring.max_frame() {
-                udp.push(i);
-                continue;
-            }
-            match push(tx, frame, &self.cfg, &self.stats) {
-                Pushed::Written => {
-                    written += 1;
-                    if !self.touched.contains(&dst) {
-                        self.touched.push(dst);
+            let mut wrote_here = 0u64;
+            let mut gone = false;
+            for k in run {
+                let frame = frames[k];
+                if gone || frame.len() > tx.ring.max_frame() {
+                    udp.push(k);
+                    continue;
+                }
+                match push(tx, frame, &self.cfg, &self.stats) {
+                    Pushed::Written => wrote_here += 1,
+                    Pushed::Dropped => {}
+                    Pushed::Gone => {
+                        gone = true;
+                        udp.push(k);
                     }
                 }
-                Pushed::Dropped => {}
-                Pushed::Gone => {
-                    self.gone(dst, now);
-                    udp.push(i);
-                }
+            }
+            written += wrote_here;
+            if gone {
+                self.gone(dst, now);
+            } else if wrote_here > 0 && !self.touched.contains(&dst) {
+                self.touched.push(dst);
             }
         }
         self.stats.add(LinkCounter::FramesSent, written);
@@ -159,6 +178,14 @@ impl Outbound {
         }
         self.touched = touched;
         self.touched.clear();
+    }
+
+    /// The destination of `frame` if a ring could carry it: a card address this link
+    /// reaches (loopback, or any when it has a network).
+    fn ring_dst(&self, frame: &[u8]) -> Option<Ipv4Addr> {
+        crate::link::route::frame_dst_ipv4(frame)
+            .ok()
+            .filter(|ip| ip.is_loopback() || self.network)
     }
 
     /// Whether frames to `dst` go into a ring now (setting one up when it is due).
@@ -268,13 +295,13 @@ fn push(tx: &mut TxPeer, frame: &[u8], cfg: &ShmConfig, stats: &LinkStats) -> Pu
         stats.add(LinkCounter::FramesSent, 1);
         Pushed::Dropped
     };
-    match tx.ring.free_slots() {
+    match tx.ring.has_room() {
         Err(e) => {
             log::warn!("link: ring {:?} dropped: {e}", tx.ring.id());
             return Pushed::Gone;
         }
-        Ok(0) if tx.stalled => return drop_one(tx),
-        Ok(0) => {
+        Ok(false) if tx.stalled => return drop_one(tx),
+        Ok(false) => {
             // Show the receiver what is there, wake it if it sleeps, and make sure it lives.
             if tx.ring.publish() && tx.bell.send(BellMsg::Wake, None).is_err() {
                 return Pushed::Gone;
@@ -285,9 +312,9 @@ fn push(tx: &mut TxPeer, frame: &[u8], cfg: &ShmConfig, stats: &LinkStats) -> Pu
             let deadline = Instant::now() + cfg.full_wait;
             let mut spins = 0u32;
             loop {
-                match tx.ring.free_slots() {
-                    Ok(0) => {}
-                    Ok(_) => break,
+                match tx.ring.has_room() {
+                    Ok(false) => {}
+                    Ok(true) => break,
                     Err(_) => return Pushed::Gone,
                 }
                 if Instant::now() >= deadline {
@@ -302,7 +329,7 @@ fn push(tx: &mut TxPeer, frame: &[u8], cfg: &ShmConfig, stats: &LinkStats) -> Pu
                 }
             }
         }
-        Ok(_) => {}
+        Ok(true) => {}
     }
     if tx.ring.push(frame) {
         Pushed::Written

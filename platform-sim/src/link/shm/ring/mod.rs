@@ -332,6 +332,10 @@ pub struct TxRing {
     head: u64,
     /// The head the receiver can see.
     published: u64,
+    /// Slots known to be free since the receiver's tail was last read: the tail is read
+    /// again only when these run out ([`TxRing::has_room`]), not once per frame, so the
+    /// cache line the receiver writes is not pulled across for every frame.
+    known_free: u64,
 }
 
 impl fmt::Debug for TxRing {
@@ -387,6 +391,7 @@ impl TxRing {
             id,
             head: 0,
             published: 0,
+            known_free: 0,
         })
     }
 
@@ -412,26 +417,40 @@ impl TxRing {
 
     /// Free slots, from the receiver's tail; a tail that is ahead of our head, or so far
     /// behind that more than N slots would be in use, is an error.
-    pub fn free_slots(&self) -> Result<u64, RingError> {
+    pub fn free_slots(&mut self) -> Result<u64, RingError> {
         let tail = self.map.u64(OFF_TAIL).load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
         let slots = u64::from(self.geo.slots);
+        self.known_free = 0;
         if used > slots || tail > self.published {
             return Err(RingError::Corrupt {
                 head: self.head,
                 tail,
             });
         }
-        Ok(slots - used)
+        self.known_free = slots - used;
+        Ok(self.known_free)
+    }
+
+    /// Whether the next slot is free: from the slots known free, or else from the
+    /// receiver's tail, read again ([`TxRing::free_slots`]).
+    pub fn has_room(&mut self) -> Result<bool, RingError> {
+        if self.known_free > 0 {
+            return Ok(true);
+        }
+        Ok(self.free_slots()? > 0)
     }
 
     /// Writes `frame` into the next slot without publishing it; false if it is empty or
-    /// longer than a slot holds. The caller has checked [`TxRing::free_slots`].
+    /// longer than a slot holds, or if the ring is full or broken ([`TxRing::has_room`]).
     pub fn push(&mut self, frame: &[u8]) -> bool {
         let Ok(len) = u32::try_from(frame.len()) else {
             return false;
         };
-        if frame.is_empty() || frame.len() > self.geo.max_frame() {
+        if frame.is_empty()
+            || frame.len() > self.geo.max_frame()
+            || !self.has_room().unwrap_or(false)
+        {
             return false;
         }
         let off = slot_offset(&self.geo, self.head);
@@ -443,6 +462,7 @@ impl TxRing {
         }
         word.store(len, Ordering::Relaxed);
         self.head += 1;
+        self.known_free -= 1;
         true
     }
 

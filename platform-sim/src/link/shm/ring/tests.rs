@@ -56,6 +56,22 @@ fn frames_wrap_around_the_ring_in_order() {
 }
 
 #[test]
+fn a_full_ring_refuses_until_the_receiver_moves_its_tail() {
+    let (mut tx, mut rx) = pair();
+    for k in 0..4u8 {
+        assert!(tx.push(&[k]), "slot {k} is free");
+    }
+    assert!(!tx.has_room().unwrap());
+    assert!(!tx.push(&[9]), "no fifth frame in four slots");
+    tx.publish();
+    assert_eq!(drain(&mut rx), ((0..4u8).map(|k| vec![k]).collect(), 0));
+    assert!(tx.has_room().unwrap(), "the tail moved: room again");
+    assert!(tx.push(&[4]));
+    tx.publish();
+    assert_eq!(drain(&mut rx), (vec![vec![4]], 0));
+}
+
+#[test]
 fn a_sleeping_receiver_is_woken_once() {
     let (mut tx, rx) = pair();
     assert!(!rx.set_sleeping(true));
@@ -81,7 +97,7 @@ fn bad_lengths_and_indices_are_reported_not_followed() {
         Err(RingError::Corrupt { head: 1000, .. })
     ));
     // A tail ahead of the sender's head.
-    let (tx, rx) = pair();
+    let (mut tx, rx) = pair();
     assert!(tx.write_raw(OFF_TAIL, &9u64.to_ne_bytes()));
     assert!(tx.free_slots().is_err());
     drop(rx);
