@@ -211,6 +211,41 @@ fn cards_without_a_bell_and_frames_too_large_go_over_udp() {
     assert!(c.stats().snapshot().datagrams_received >= 1);
 }
 
+/// One batch whose frames alternate between two ring destinations in runs of different
+/// lengths: each destination gets exactly its frames, in order, all through its ring.
+#[test]
+fn a_batch_to_two_cards_in_runs_reaches_each_in_order() {
+    let dir = TestDir::new();
+    let (mut shm, _) = cards(&dir.cfg(), &[A, B, C], 3);
+    let (mut c, mut b, mut a) = (shm.pop().unwrap(), shm.pop().unwrap(), shm.pop().unwrap());
+    until_shm(&mut a, &mut b, A, B);
+    until_shm(&mut a, &mut c, A, C);
+    let (b0, c0) = (
+        b.stats().snapshot().shm_frames_received,
+        c.stats().snapshot().shm_frames_received,
+    );
+    let dsts = [B, B, C, C, C, B, C, B, B, B, C];
+    let frames: Vec<Vec<u8>> = dsts
+        .iter()
+        .enumerate()
+        .map(|(n, &d)| frame(A, d, 500 + n as u32, 100 + 50 * n))
+        .collect();
+    let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    a.send_frames(&refs).unwrap();
+    let want = |d: Ipv4Addr| -> Vec<Vec<u8>> {
+        frames
+            .iter()
+            .zip(dsts)
+            .filter(|(_, x)| *x == d)
+            .map(|(f, _)| f.clone())
+            .collect()
+    };
+    assert_eq!(recv_n(&mut b, 6), want(B), "B's frames, in order");
+    assert_eq!(recv_n(&mut c, 5), want(C), "C's frames, in order");
+    assert_eq!(b.stats().snapshot().shm_frames_received - b0, 6);
+    assert_eq!(c.stats().snapshot().shm_frames_received - c0, 5);
+}
+
 #[test]
 fn a_card_that_goes_away_is_noticed_and_its_successor_gets_a_new_ring() {
     let dir = TestDir::new();

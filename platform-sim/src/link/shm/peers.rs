@@ -114,24 +114,19 @@ impl Outbound {
         let now = Instant::now();
         let mut written = 0u64;
         let mut i = 0;
-        let mut next_dst = frames.first().and_then(|f| self.ring_dst(f));
         while i < frames.len() {
-            let Some(dst) = next_dst else {
+            let dst = self.ring_dst(frames[i]);
+            let run_len = 1 + frames[i + 1..]
+                .iter()
+                .take_while(|f| self.ring_dst(f) == dst)
+                .count();
+            let run = i..i + run_len;
+            i += run_len;
+            let Some(dst) = dst else {
                 // The UDP link counts what it cannot route.
-                udp.push(i);
-                i += 1;
-                next_dst = frames.get(i).and_then(|f| self.ring_dst(f));
+                udp.extend(run);
                 continue;
             };
-            let start = i;
-            loop {
-                i += 1;
-                next_dst = frames.get(i).and_then(|f| self.ring_dst(f));
-                if i == frames.len() || next_dst != Some(dst) {
-                    break;
-                }
-            }
-            let run = start..i;
             if !self.ready(dst, now) {
                 udp.extend(run);
                 continue;
