@@ -155,10 +155,10 @@ impl World {
     fn new() -> Self {
         let (tx_mem, rx_mem) = (HeapRing::new(), HeapRing::new());
         let regs = FakeRegs::new();
-        let producer = ProducerRing::new(tx_mem.view(), regs.tx);
-        let consumer = ConsumerRing::new(rx_mem.view(), regs.rx);
-        producer.program(&regs);
-        consumer.program(&regs);
+        let mut producer = ProducerRing::new(tx_mem.view(), regs.tx);
+        let mut consumer = ConsumerRing::new(rx_mem.view(), regs.rx);
+        producer.program(&regs).unwrap();
+        consumer.program(&regs).unwrap();
         regs.other_accesses.set(0);
         regs.tx_head_writes.set(0);
         regs.rx_tail_writes.set(0);

@@ -121,17 +121,19 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
             let buf = dma.alloc(RING_BYTES, RING_ALIGN)?;
             RingMemory::new(buf).map_err(|e| RawError::Ring(format!("{:?}", e.error)))
         };
-        let cmd = ProducerRing::new(ring(&dma)?, ring_regs(RingId::CmdRequest));
-        let resp = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::CmdResponse));
-        let send = ProducerRing::new(ring(&dma)?, ring_regs(RingId::Send(0)));
-        let meta = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::MetaReport(0)));
-        let sn_tx = ProducerRing::new(ring(&dma)?, ring_regs(RingId::SimpleNicTx));
-        let sn_rx = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::SimpleNicRx));
-        for p in [&cmd, &send, &sn_tx] {
-            p.program(&regs);
+        let mut cmd = ProducerRing::new(ring(&dma)?, ring_regs(RingId::CmdRequest));
+        let mut resp = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::CmdResponse));
+        let mut send = ProducerRing::new(ring(&dma)?, ring_regs(RingId::Send(0)));
+        let mut meta = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::MetaReport(0)));
+        let mut sn_tx = ProducerRing::new(ring(&dma)?, ring_regs(RingId::SimpleNicTx));
+        let mut sn_rx = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::SimpleNicRx));
+        for p in [&mut cmd, &mut send, &mut sn_tx] {
+            p.program(&regs)
+                .map_err(|e| RawError::Ring(e.to_string()))?;
         }
-        for c in [&resp, &meta, &sn_rx] {
-            c.program(&regs);
+        for c in [&mut resp, &mut meta, &mut sn_rx] {
+            c.program(&regs)
+                .map_err(|e| RawError::Ring(e.to_string()))?;
         }
         let rx_buffer = dma.alloc(RX_BUFFER_SIZE as usize, 2 << 20)?;
         let staging = dma.alloc(4096, 4096)?;

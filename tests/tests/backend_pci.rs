@@ -55,3 +55,32 @@ fn write_read_and_send_between_two_fake_pci_cards_move_every_byte() {
     // The QPs go first (their destruction is a command the cards answer), then the
     // devices, then the cards.
 }
+
+/// A served card is not reset when its driver goes: each ring's pointers stay where the
+/// last driver left them. Drivers one after another on the same two cards (as perftest runs
+/// one tool after another) must each take every ring over from there and move every byte;
+/// a driver that programmed its rings at 0 left the card a moment where it saw the old head
+/// and the new tail, fetched 64 empty simple-NIC slots and never sent an ACK again.
+#[test]
+fn drivers_one_after_another_on_the_same_cards_take_every_ring_over() {
+    if !root_or_skip("the fake PCI card") {
+        return;
+    }
+    let _pages = Hugepages::reserve(16);
+    let (ip_a, ip_b) = (Ipv4Addr::new(127, 0, 8, 3), Ipv4Addr::new(127, 0, 8, 4));
+    let (root_a, root_b) = (scratch("pci-c"), scratch("pci-d"));
+    let _card_a = Served::pci(&root_a, ip_a, "pci-c");
+    let _card_b = Served::pci(&root_b, ip_b, "pci-d");
+    let list = format!(
+        "blue0={ip_a}+pci;root={};command_timeout=20,blue1={ip_b}+pci;root={};command_timeout=20",
+        root_a.display(),
+        root_b.display()
+    );
+    for driver in 0..3u32 {
+        let devs = open_all(&list);
+        let (a, b) = (&devs[0], &devs[1]);
+        let (sa, sb) = connect_pair(a, b, (0, 0), 14, 7);
+        exercise(a, b, (&sa, &sb), 11 + driver);
+        exercise(b, a, (&sb, &sa), 17 + driver);
+    }
+}

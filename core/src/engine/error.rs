@@ -5,6 +5,7 @@ use core::fmt;
 use crate::desc::DescError;
 use crate::platform::PlatformError;
 use crate::qp::{QpAttrError, QpState, QpTransitionError};
+use crate::ring::NotAPointer;
 use crate::transport::FragmentError;
 
 /// Why a verb failed.
@@ -66,6 +67,8 @@ pub enum VerbsError {
     Descriptor(DescError),
     /// A platform service failed.
     Platform(PlatformError),
+    /// A ring register of the card read a value it cannot hold (not the card's BAR).
+    RingRegister(NotAPointer),
     /// The operation is not supported (yet, or by this card).
     Unsupported {
         /// What is not supported.
@@ -99,6 +102,7 @@ impl fmt::Display for VerbsError {
             VerbsError::CommandFailed { op } => write!(f, "the card failed {op}"),
             VerbsError::Descriptor(e) => write!(f, "{e}"),
             VerbsError::Platform(e) => write!(f, "{e}"),
+            VerbsError::RingRegister(e) => write!(f, "{e}"),
             VerbsError::Unsupported { what } => write!(f, "not supported: {what}"),
         }
     }
@@ -107,6 +111,12 @@ impl fmt::Display for VerbsError {
 impl From<PlatformError> for VerbsError {
     fn from(e: PlatformError) -> Self {
         VerbsError::Platform(e)
+    }
+}
+
+impl From<NotAPointer> for VerbsError {
+    fn from(e: NotAPointer) -> Self {
+        VerbsError::RingRegister(e)
     }
 }
 

@@ -210,17 +210,22 @@ impl<P: Platform, S: Storage> Device<P, S> {
             (s.wqes.len(), s.cqes.len(), s.recvs.len())
         };
         let [cmd, resp, send, meta, sn_tx, sn_rx, rx_buf, staging, acks, raws] = alloc_all(&dma)?;
-        let cmd = ProducerRing::new(ring_memory(&dma, cmd)?, ring_regs(RingId::CmdRequest)?);
-        let resp = ConsumerRing::new(ring_memory(&dma, resp)?, ring_regs(RingId::CmdResponse)?);
-        let send = ProducerRing::new(ring_memory(&dma, send)?, ring_regs(RingId::Send(0))?);
-        let meta = ConsumerRing::new(ring_memory(&dma, meta)?, ring_regs(RingId::MetaReport(0))?);
-        let sn_tx = ProducerRing::new(ring_memory(&dma, sn_tx)?, ring_regs(RingId::SimpleNicTx)?);
-        let sn_rx = ConsumerRing::new(ring_memory(&dma, sn_rx)?, ring_regs(RingId::SimpleNicRx)?);
-        for p in [&cmd, &send, &sn_tx] {
-            p.program(&regs);
+        let mut cmd = ProducerRing::new(ring_memory(&dma, cmd)?, ring_regs(RingId::CmdRequest)?);
+        let mut resp = ConsumerRing::new(ring_memory(&dma, resp)?, ring_regs(RingId::CmdResponse)?);
+        let mut send = ProducerRing::new(ring_memory(&dma, send)?, ring_regs(RingId::Send(0))?);
+        let mut meta =
+            ConsumerRing::new(ring_memory(&dma, meta)?, ring_regs(RingId::MetaReport(0))?);
+        let mut sn_tx =
+            ProducerRing::new(ring_memory(&dma, sn_tx)?, ring_regs(RingId::SimpleNicTx)?);
+        let mut sn_rx =
+            ConsumerRing::new(ring_memory(&dma, sn_rx)?, ring_regs(RingId::SimpleNicRx)?);
+        // Each ring continues where the card's pointer is: a card is not reset between
+        // drivers (ring/producer.rs).
+        for p in [&mut cmd, &mut send, &mut sn_tx] {
+            p.program(&regs)?;
         }
-        for c in [&resp, &meta, &sn_rx] {
-            c.program(&regs);
+        for c in [&mut resp, &mut meta, &mut sn_rx] {
+            c.program(&regs)?;
         }
         let rx_addr = rx_buf.device_addr();
         let network = SetNetworkParam {

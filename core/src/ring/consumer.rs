@@ -18,7 +18,7 @@ use core::sync::atomic::Ordering;
 use super::fence;
 use super::memory::{RingMemory, RingSlots};
 use super::pointer::{RingPtr, RING_LEN};
-use super::RingRegs;
+use super::{card_pointer, NotAPointer, RingRegs};
 use crate::desc::RawDesc;
 use crate::platform::RegisterAccess;
 
@@ -183,14 +183,28 @@ impl<S: RingSlots<N>, const N: u16> ConsumerRing<S, N> {
 }
 
 impl ConsumerRing<RingMemory, RING_LEN> {
-    /// Points the card at this ring: base low, base high, then head and tail both at the
-    /// driver's tail (0 for a new ring), an empty ring. Only while the card is not using it.
-    pub fn program(&self, regs: &impl RegisterAccess) {
+    /// Points the card at this ring and starts the ring where the card's head is.
+    ///
+    /// A card is not reset when its driver goes away: it writes its next descriptor at its
+    /// head, wherever a previous driver left it. So the ring continues from there (0 on a
+    /// card no driver has used): the base, low and high, then the tail (the credit) at that
+    /// head, an empty ring. The head, the card's, is not written: a card that writes a
+    /// descriptor between the reads and writes here would have it moved back. Only while
+    /// the card is not using the ring, before any pop. A head that is not a ring pointer
+    /// (not the card's BAR) is an error, and nothing is written.
+    pub fn program(&mut self, regs: &impl RegisterAccess) -> Result<(), NotAPointer> {
+        debug_assert!(
+            self.tail == self.published && !self.in_overlong,
+            "program before any pop"
+        );
+        let at = card_pointer(regs, self.regs.head)?;
+        self.tail = at;
+        self.published = at;
         let base = self.slots.device_addr().0;
         regs.write32(self.regs.base_lo, base as u32);
         regs.write32(self.regs.base_hi, (base >> 32) as u32);
-        regs.write32(self.regs.head, self.tail.csr());
-        regs.write32(self.regs.tail, self.tail.csr());
+        regs.write32(self.regs.tail, at.csr());
+        Ok(())
     }
 }
 
@@ -377,11 +391,11 @@ mod tests {
     }
 
     #[test]
-    fn program_resets_head_and_tail_to_the_driver_tail() {
+    fn program_starts_an_unused_card_at_0_writing_base_then_tail_never_the_head() {
         let heap = HeapDma::new(RING_BYTES, RING_ALIGN);
-        let (ring, _card) = rings(&heap);
+        let (mut ring, _card) = rings(&heap);
         let regs = MockRegs::default();
-        ring.program(&regs);
+        ring.program(&regs).unwrap();
         let base = heap.buffer(0, 1).device_addr().0;
         let r = ring.regs();
         assert_eq!(
@@ -389,9 +403,40 @@ mod tests {
             [
                 (r.base_lo, base as u32),
                 (r.base_hi, (base >> 32) as u32),
-                (r.head, 0),
                 (r.tail, 0)
             ]
         );
+        assert_eq!(ring.tail(), RingPtr::ZERO);
+    }
+
+    #[test]
+    fn program_continues_where_a_previous_driver_left_the_card_head() {
+        let heap = HeapDma::new(RING_BYTES, RING_ALIGN);
+        let (mut ring, mut card) = rings(&heap);
+        let regs = MockRegs::default();
+        // A previous driver took 0x1040 descriptors; the card writes its next at slot 0x40.
+        regs.set(ring.regs().head, 0x1040);
+        ring.program(&regs).unwrap();
+        assert_eq!(regs.writes_of(ring.regs().tail), [0x1040]);
+        assert_eq!(regs.writes_of(ring.regs().head), Vec::<u32>::new());
+        assert_eq!(ring.tail(), RingPtr::new(0x1040));
+        // The card's next report lands at its head, and that is where the driver looks.
+        card.write_valid_last(RingPtr::new(0x40), &desc(9, VALID));
+        assert_eq!(ring.pop(), Some(Popped::One(desc(9, VALID))));
+        ring.sync_tail(&regs);
+        assert_eq!(regs.writes_of(ring.regs().tail), [0x1040, 0x1041]);
+    }
+
+    #[test]
+    fn program_refuses_a_head_that_is_not_a_ring_pointer_and_writes_nothing() {
+        let heap = HeapDma::new(RING_BYTES, RING_ALIGN);
+        let (mut ring, _card) = rings(&heap);
+        let regs = MockRegs::default();
+        regs.set(ring.regs().head, 0xAAAA_AAAA);
+        let e = ring.program(&regs).unwrap_err();
+        assert_eq!(e.read, 0xAAAA_AAAA);
+        assert_eq!(e.reg, ring.regs().head);
+        assert!(std::format!("{e}").contains("0x18 reads 0xaaaaaaaa"), "{e}");
+        assert!(regs.writes.borrow().is_empty());
     }
 }

@@ -22,6 +22,9 @@ pub use memory::{RejectedBuffer, RingMemory, RingMemoryError, RingSlots, RING_AL
 pub use pointer::{RingPtr, RING_BYTES, RING_LEN};
 pub use producer::{ImpossibleTail, ProducerRing, PushError};
 
+use core::fmt;
+
+use crate::platform::RegisterAccess;
 use crate::regs::{Reg, RingId, RingReg};
 
 // The loom model runs the real ring code, so its fences must be loom's.
@@ -62,6 +65,37 @@ impl RingRegs {
             _ => None,
         }
     }
+}
+
+/// A ring pointer register read a value no ring register holds: bits above the 13-bit
+/// pointer are set (an undecoded address reads 0xAAAAAAAA on hardware).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotAPointer {
+    /// The register.
+    pub reg: Reg,
+    /// What it read.
+    pub read: u32,
+}
+
+impl fmt::Display for NotAPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ring register {:#x} reads {:#x}, which is not a 13-bit ring pointer (is BAR0 the blue-rdma card's?)",
+            self.reg.offset(),
+            self.read
+        )
+    }
+}
+
+/// Where the card's pointer of a ring is: `reg` (the tail of a host-to-card ring, the head
+/// of a card-to-host one) read as a [`RingPtr`].
+fn card_pointer<const N: u16>(
+    regs: &impl RegisterAccess,
+    reg: Reg,
+) -> Result<RingPtr<N>, NotAPointer> {
+    let read = regs.read32(reg);
+    RingPtr::from_csr(read).ok_or(NotAPointer { reg, read })
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use core::sync::atomic::Ordering;
 use super::fence;
 use super::memory::{RingMemory, RingSlots};
 use super::pointer::{RingPtr, RING_LEN};
-use super::RingRegs;
+use super::{card_pointer, NotAPointer, RingRegs};
 use crate::desc::RawDesc;
 use crate::platform::RegisterAccess;
 
@@ -197,14 +197,30 @@ impl<S: RingSlots<N>, const N: u16> ProducerRing<S, N> {
 }
 
 impl ProducerRing<RingMemory, RING_LEN> {
-    /// Points the card at this ring: base low, base high, then head and tail (the ring's
-    /// current head; 0 for a new ring). Only while the card is not using the ring.
-    pub fn program(&self, regs: &impl RegisterAccess) {
+    /// Points the card at this ring and starts the ring where the card's tail is.
+    ///
+    /// A card is not reset when its driver goes away, and a tail write does not move its
+    /// fetch pointer (nic-behaviour.md 6.2): a ring reprogrammed at 0 over a card whose tail
+    /// a previous driver left at 64 would have it fetch 8128 slots of the new, empty ring.
+    /// So the ring continues from the card's tail (0 on a card no driver has used). The
+    /// writes are the head (set to that tail: a previous driver's unfetched descriptors are
+    /// not fetched), then the base, low and high; the tail, the card's, is not written, so
+    /// that whatever the card reads between two writes, its pointers say the ring is empty.
+    /// Only while the card is not using the ring, before any push. A tail that is not a
+    /// ring pointer (not the card's BAR) is an error, and nothing is written.
+    pub fn program(&mut self, regs: &impl RegisterAccess) -> Result<(), NotAPointer> {
+        debug_assert!(
+            RingPtr::is_empty(self.head, self.cached_tail),
+            "program before any push"
+        );
+        let at = card_pointer(regs, self.regs.tail)?;
+        self.head = at;
+        self.cached_tail = at;
         let base = self.slots.device_addr().0;
+        regs.write32(self.regs.head, at.csr());
         regs.write32(self.regs.base_lo, base as u32);
         regs.write32(self.regs.base_hi, (base >> 32) as u32);
-        regs.write32(self.regs.head, self.head.csr());
-        regs.write32(self.regs.tail, self.cached_tail.csr());
+        Ok(())
     }
 }
 
@@ -233,21 +249,50 @@ mod tests {
     }
 
     #[test]
-    fn program_writes_base_then_pointers() {
+    fn program_starts_an_unused_card_at_0_writing_head_then_base_never_the_tail() {
         let heap = HeapDma::new(RING_BYTES, RING_ALIGN);
-        let ring = ring(&heap);
+        let mut ring = ring(&heap);
         let regs = MockRegs::default();
-        ring.program(&regs);
+        ring.program(&regs).unwrap();
         let base = heap.buffer(0, 1).device_addr().0;
         assert_eq!(
             *regs.writes.borrow(),
             [
+                (ring.regs().head, 0),
                 (ring.regs().base_lo, base as u32),
                 (ring.regs().base_hi, (base >> 32) as u32),
-                (ring.regs().head, 0),
-                (ring.regs().tail, 0),
             ]
         );
+    }
+
+    #[test]
+    fn program_continues_from_the_tail_a_previous_driver_left_and_drops_its_unfetched() {
+        let heap = HeapDma::new(RING_BYTES, RING_ALIGN);
+        let mut ring = ring(&heap);
+        let regs = MockRegs::default();
+        // A previous driver rang up to 0x50; the card had fetched up to 0x40 when it went.
+        regs.set(ring.regs().head, 0x50);
+        regs.set(ring.regs().tail, 0x40);
+        ring.program(&regs).unwrap();
+        // The head goes back to the tail: the card fetches nothing of the old ring.
+        assert_eq!(regs.writes_of(ring.regs().head), [0x40]);
+        assert_eq!(regs.writes_of(ring.regs().tail), Vec::<u32>::new());
+        assert_eq!((ring.head(), ring.free_slots()), (RingPtr::new(0x40), 4096));
+        // The first push goes to slot 0x40 and rings 0x41.
+        ring.push_batch(&regs, &batch(1, 1)).unwrap();
+        assert_eq!(regs.writes_of(ring.regs().head), [0x40, 0x41]);
+        assert_eq!(&heap.bytes()[0x40 * 32..0x41 * 32], &desc(1, 0x80).0);
+    }
+
+    #[test]
+    fn program_refuses_a_tail_that_is_not_a_ring_pointer_and_writes_nothing() {
+        let heap = HeapDma::new(RING_BYTES, RING_ALIGN);
+        let mut ring = ring(&heap);
+        let regs = MockRegs::default();
+        regs.set(ring.regs().tail, 0xAAAA_AAAA);
+        let e = ring.program(&regs).unwrap_err();
+        assert_eq!((e.reg, e.read), (ring.regs().tail, 0xAAAA_AAAA));
+        assert!(regs.writes.borrow().is_empty());
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub(crate) fn errno_of(e: &bluerdma_linux::verbs::Error) -> c_int {
         V::Busy { .. } => libc::EBUSY,
         V::Unsupported { .. } => libc::EOPNOTSUPP,
         V::CommandTimeout { .. } => libc::ETIMEDOUT,
-        V::CommandFailed { .. } => libc::EIO,
+        V::CommandFailed { .. } | V::RingRegister(_) => libc::EIO,
         V::Platform(p) => match p {
             P::NotMapped { .. } | P::ReadOnly { .. } => libc::EFAULT,
             P::OutOfMemory { .. } | P::PinFailed { .. } => libc::ENOMEM,

@@ -352,17 +352,19 @@ impl Mux {
         net: SetNetworkParam,
         slots: usize,
     ) -> Result<Mux, String> {
-        let cmd = ProducerRing::new(ring(&dma)?, regs_of(RingId::CmdRequest));
-        let resp = ConsumerRing::new(ring(&dma)?, regs_of(RingId::CmdResponse));
-        let send = ProducerRing::new(ring(&dma)?, regs_of(RingId::Send(0)));
-        let meta = ConsumerRing::new(ring(&dma)?, regs_of(RingId::MetaReport(0)));
-        let ntx = ProducerRing::new(ring(&dma)?, regs_of(RingId::SimpleNicTx));
-        let nrx = ConsumerRing::new(ring(&dma)?, regs_of(RingId::SimpleNicRx));
-        for r in [&cmd, &send, &ntx] {
-            r.program(&regs);
+        let mut cmd = ProducerRing::new(ring(&dma)?, regs_of(RingId::CmdRequest));
+        let mut resp = ConsumerRing::new(ring(&dma)?, regs_of(RingId::CmdResponse));
+        let mut send = ProducerRing::new(ring(&dma)?, regs_of(RingId::Send(0)));
+        let mut meta = ConsumerRing::new(ring(&dma)?, regs_of(RingId::MetaReport(0)));
+        let mut ntx = ProducerRing::new(ring(&dma)?, regs_of(RingId::SimpleNicTx));
+        let mut nrx = ConsumerRing::new(ring(&dma)?, regs_of(RingId::SimpleNicRx));
+        // Each ring continues where the card's pointer is: a card is not reset between
+        // drivers (bluerdma_core::ring::ProducerRing::program).
+        for r in [&mut cmd, &mut send, &mut ntx] {
+            r.program(&regs).map_err(|e| e.to_string())?;
         }
-        for r in [&resp, &meta, &nrx] {
-            r.program(&regs);
+        for r in [&mut resp, &mut meta, &mut nrx] {
+            r.program(&regs).map_err(|e| e.to_string())?;
         }
         let rx_buf = dma
             .alloc(RX_BUFFER_SIZE as usize, 4096)

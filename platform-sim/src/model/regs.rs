@@ -39,6 +39,9 @@ pub struct RegisterFile {
     sleepers: AtomicUsize,
     /// How many times the rings were reset or their driver went away.
     resets: AtomicU64,
+    /// Per ring, the impossible pointer pair last reported (`head << 16 | tail`, plus 1;
+    /// 0 for none): reported once, not at every poll.
+    impossible: [AtomicU32; 6],
     /// Doorbell generation: bumped by every wake.
     wake_lock: Mutex<u64>,
     wake: Condvar,
@@ -56,6 +59,7 @@ impl Default for RegisterFile {
             last_undecoded: Mutex::new(None),
             sleepers: AtomicUsize::new(0),
             resets: AtomicU64::new(0),
+            impossible: Default::default(),
             wake_lock: Mutex::new(0),
             wake: Condvar::new(),
             host_notify: std::sync::OnceLock::new(),
@@ -151,6 +155,19 @@ impl RegisterFile {
     /// older count belongs to a driver that has gone, and is dropped.
     pub fn resets(&self) -> u64 {
         self.resets.load(Ordering::Acquire)
+    }
+
+    /// A host-to-card ring's head is more than a ring ahead of its tail: the card cannot
+    /// know what to fetch and fetches nothing (the RTL would fetch until its fetch pointer
+    /// met the head, through slots the driver never wrote). Logged once per pair: the ring
+    /// is dead until the driver writes a head that makes sense.
+    pub fn impossible_pointers(&self, id: RingId, head: u32, tail: u32) {
+        let pair = (head << 16 | tail) + 1;
+        if self.impossible[ring_slot(id)].swap(pair, Ordering::Relaxed) != pair {
+            log::error!(
+                "{id:?} ring: head {head:#x} is more than a ring ahead of tail {tail:#x}; nothing is fetched until the driver writes a head within 4096 of the tail"
+            );
+        }
     }
 
     /// A ring's base address as programmed by the driver.

@@ -41,7 +41,7 @@ pub fn fetch(
     let mut tail = regs.ring(id, RingReg::Tail);
     let avail = used(head, tail);
     if avail > RING_LEN {
-        // An impossible head (more than a ring ahead): the card cannot know what to fetch.
+        regs.impossible_pointers(id, head, tail);
         return Ok(0);
     }
     // Acquire pairs with the host's release fence before its doorbell.
