@@ -287,12 +287,26 @@ pub unsafe extern "C" fn cm_rdma_destroy_id(id: *mut RdmaCmId) -> c_int {
     crate::reactor::wake();
     match entry {
         Some(e) => {
+            // The synchronous-mode event the id keeps goes with it; others are the
+            // application's, and another thread may still be handling one.
+            // SAFETY: the id is live until free_id, and no other call uses it now.
+            ack_sync_event(unsafe { &mut *e.cid.0 });
+            let left = crate::channel::wait_acknowledged(token, ACK_WAIT);
+            if left > 0 {
+                log::warn!(
+                    "rdma_destroy_id: {left} event(s) of this id not acknowledged (rdma_ack_cm_event each before rdma_destroy_id); the id is freed, their event->id dangles"
+                );
+            }
             free_id(e);
             0
         }
         None => err(libc::EINVAL),
     }
 }
+
+/// How long `rdma_destroy_id` waits for another thread to acknowledge the id's events
+/// (rdma-core's waits for ever).
+const ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Resolves the device of a source address: None for the wildcard, ENODEV for an address
 /// that is not one of ours.

@@ -10,9 +10,11 @@
 //! application sees; its private data lives in the box. `rdma_ack_cm_event` frees it.
 
 use core::ffi::{c_int, c_void};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ptr::NonNull;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Condvar, LazyLock, Mutex};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
 
 use crate::abi::*;
 use crate::state::{OwnChannel, Token};
@@ -214,10 +216,9 @@ impl Drop for ChannelInner {
     }
 }
 
-/// The addresses of the live channels and of the events handed to the application: a
-/// pointer the library did not make (or already freed) is refused with EINVAL, not followed.
+/// The addresses of the live channels: a pointer the library did not make (or already
+/// freed) is refused with EINVAL, not followed.
 static LIVE_CHANNELS: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(Default::default);
-static HANDED_OUT: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(Default::default);
 
 fn set(
     s: &'static LazyLock<Mutex<HashSet<usize>>>,
@@ -225,19 +226,66 @@ fn set(
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// An event the application holds: the ids it is about and the thread it went to.
+struct Held {
+    token: Token,
+    listen: Token,
+    thread: ThreadId,
+}
+
+/// The events handed to the application and not yet acknowledged, by address (an address
+/// that is not here is no event of this library, or one already acknowledged); the condvar
+/// is signalled at every acknowledgement.
+static HANDED_OUT: LazyLock<(Mutex<HashMap<usize, Held>>, Condvar)> =
+    LazyLock::new(Default::default);
+
+fn handed_out() -> std::sync::MutexGuard<'static, HashMap<usize, Held>> {
+    HANDED_OUT.0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Gives an event to the application (until [`take_back`]).
 pub(crate) fn hand_out(ev: Box<EventBox>) -> *mut RdmaCmEvent {
+    let held = Held {
+        token: ev.token,
+        listen: ev.listen,
+        thread: std::thread::current().id(),
+    };
     let p = Box::into_raw(ev);
-    set(&HANDED_OUT).insert(p as usize);
+    handed_out().insert(p as usize, held);
     p as *mut RdmaCmEvent
 }
 
 /// The event the application gives back, if it is one [`hand_out`] gave.
 pub(crate) fn take_back(p: *mut RdmaCmEvent) -> Option<Box<EventBox>> {
+    let held = handed_out().remove(&(p as usize));
+    HANDED_OUT.1.notify_all();
     // SAFETY: the address was handed out by hand_out and not yet taken back.
-    set(&HANDED_OUT)
-        .remove(&(p as usize))
-        .then(|| unsafe { Box::from_raw(p as *mut EventBox) })
+    held.map(|_| unsafe { Box::from_raw(p as *mut EventBox) })
+}
+
+/// Waits until the application has acknowledged every event about the id `token` (or of
+/// the listener `token`) it was handed, as `rdma_destroy_id` does before it frees the id:
+/// a thread still in its event handler reads the id through `event->id`. Events held by
+/// the calling thread cannot be acknowledged meanwhile and are not waited for; after
+/// `limit` the id is freed anyway. Returns how many were left unacknowledged.
+pub(crate) fn wait_acknowledged(token: Token, limit: Duration) -> usize {
+    let me = std::thread::current().id();
+    let deadline = Instant::now() + limit;
+    let mut held = handed_out();
+    loop {
+        let about = |h: &Held| h.token == token || h.listen == token;
+        let others = held.values().filter(|h| about(h) && h.thread != me).count();
+        let mine = held.values().filter(|h| about(h) && h.thread == me).count();
+        let now = Instant::now();
+        if others == 0 || now >= deadline {
+            return others + mine;
+        }
+        held = HANDED_OUT
+            .1
+            .wait_timeout(held, deadline - now)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
 }
 
 /// What `rdma_create_event_channel` returns; `c` must stay the first field.

@@ -400,6 +400,68 @@ fn either_side_may_disconnect_and_each_hears_it_once() {
     destroy(a, &[cli, child, l]);
 }
 
+/// `rdma_destroy_id` waits until another thread has acknowledged the id's events, as
+/// rdma-core's does: rping's CM thread prints DISCONNECTED and acknowledges it while its main
+/// thread destroys the id and then the channel, and a destroy that did not wait freed the
+/// id under the handler and let the main thread destroy the channel before the handler came
+/// back for the next event (EINVAL, rping exits 255). An event the calling thread holds
+/// cannot be acknowledged meanwhile and is not waited for.
+#[test]
+fn destroy_id_waits_for_another_threads_handler_to_acknowledge_the_ids_event() {
+    let a = api();
+    let (lch, cch) = (a.channel(), a.channel());
+    let l = a.listener(lch, RDMA_PS_TCP, SocketAddrV4::new(SRV, 7414));
+    let (cli, child) = connected(a, lch, cch, 7414);
+    // SAFETY: a connected id.
+    assert_eq!(unsafe { (a.rdma_disconnect)(child) }, 0);
+    let (got, held) = std::sync::mpsc::channel();
+    let ch = cch as usize;
+    let handler = std::thread::spawn(move || {
+        let ch = ch as *mut RdmaEventChannel;
+        // SAFETY: the client's channel, live until the test ends.
+        assert!(readable(unsafe { (*ch).fd }, EVENT_WAIT), "no DISCONNECTED");
+        let mut ev: *mut RdmaCmEvent = core::ptr::null_mut();
+        // SAFETY: a live channel; the event is ours until acknowledged.
+        unsafe {
+            assert_eq!((a.rdma_get_cm_event)(ch, &mut ev), 0);
+            assert_eq!((*ev).event, RDMA_CM_EVENT_DISCONNECTED);
+            got.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            // The handler still reads the id through the event.
+            let port = (*(*ev).id).port_num;
+            let acked = std::time::Instant::now();
+            assert_eq!((a.rdma_ack_cm_event)(ev), 0);
+            (port, acked)
+        }
+    });
+    held.recv().unwrap();
+    destroy(a, &[cli]);
+    let destroyed = std::time::Instant::now();
+    let (port, acked) = handler.join().unwrap();
+    assert_eq!(port, 1, "the id was freed under the handler");
+    assert!(
+        destroyed >= acked,
+        "rdma_destroy_id returned before the handler acknowledged the event"
+    );
+    // The server's DISCONNECTED, held by this thread: its destroy does not wait for it.
+    // SAFETY: the listener's channel; the event is acknowledged after the destroy.
+    unsafe {
+        assert!(readable((*lch).fd, EVENT_WAIT), "no DISCONNECTED");
+        let mut ev: *mut RdmaCmEvent = core::ptr::null_mut();
+        assert_eq!((a.rdma_get_cm_event)(lch, &mut ev), 0);
+        assert_eq!(((*ev).event, (*ev).id), (RDMA_CM_EVENT_DISCONNECTED, child));
+        let start = std::time::Instant::now();
+        destroy(a, &[child]);
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "rdma_destroy_id waited {:?} for the caller's own event",
+            start.elapsed()
+        );
+        assert_eq!((a.rdma_ack_cm_event)(ev), 0);
+    }
+    destroy(a, &[l]);
+}
+
 #[test]
 fn ud_ids_learn_the_peers_qpn_qkey_and_address() {
     let a = api();
