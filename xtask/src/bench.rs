@@ -16,8 +16,10 @@
 //!   against the goal of 5 M WR/s.
 //!
 //! Every perftest case runs `--repeat` times (3 by default), the two links back to back in
-//! each round, and the median is reported. The baselines run in `xtask --features
-//! tcp-baseline bench --baseline` (release) so that a plain `cargo xtask` stays std-only.
+//! each round, after that round's baselines; the figures are the medians of the rounds, the
+//! ratios the medians of each round's figure over the same round's baseline. The baselines
+//! run in `xtask --features tcp-baseline bench --baseline` (release) so that a plain
+//! `cargo xtask` stays std-only.
 //!
 //! Wiring (main.rs): `mod bench;` and `Some("bench") => bench::bench(&root, &args[1..])`.
 
@@ -135,24 +137,40 @@ struct Case {
 /// The runs of one case on one link, and their median.
 #[derive(Default)]
 struct Runs {
-    values: Vec<f64>,
-    cpu_s: Vec<f64>,
+    /// The figure of each round that gave one, with the round (0-based).
+    values: Vec<(usize, f64)>,
+    cpu_s: Vec<(usize, f64)>,
     errors: Vec<String>,
 }
 
 impl Runs {
-    fn add(&mut self, f: PairFigure) {
+    fn add(&mut self, round: usize, f: PairFigure) {
         match f.value {
             Ok(v) => {
-                self.values.push(v);
-                self.cpu_s.push(f.cpu_s);
+                self.values.push((round, v));
+                self.cpu_s.push((round, f.cpu_s));
             }
             Err(e) => self.errors.push(e),
         }
     }
 
     fn value(&self) -> Option<f64> {
-        median(&self.values)
+        median(&self.values.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+    }
+
+    /// The median over the rounds of this round's figure against `of` this round's
+    /// baseline: each ratio compares two measurements minutes apart at most, not the
+    /// figure of one round with the baseline of another.
+    fn ratio(
+        values: &[(usize, f64)],
+        bases: &[Baseline],
+        of: impl Fn(&Baseline) -> f64,
+    ) -> Option<f64> {
+        let ratios: Vec<f64> = values
+            .iter()
+            .filter_map(|(r, v)| bases.get(*r).map(|b| v / of(b)))
+            .collect();
+        median(&ratios)
     }
 }
 
@@ -176,7 +194,6 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
     let runner = PairRunner::new(root, opts.timeout, "bench")?;
-    let base = measure_baseline(root, &opts)?;
     let posts = post_rate(root, &opts);
     let (n64, n1m, nlat) = opts.iters();
     let case = |name, tool, tag, size, iters, udp_too, base| Case {
@@ -240,7 +257,12 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     let mut port = opts.port;
     // Rounds of every case, the two links back to back: a load that comes and goes hits
     // both alike, and the median of the rounds is reported.
+    // The baselines are measured at the start of every round, and each round's figures
+    // are compared with its own: a TCP stream measured once, in a quiet or a busy minute,
+    // moved every ratio of the run by as much as 2x (BENCHMARKS.md, sessions 6 and 7).
+    let mut bases = Vec::new();
     for round in 1..=opts.repeat {
+        bases.push(measure_baseline(root, &opts)?);
         for (c, runs) in cases.iter().zip(results.iter_mut()) {
             let args = [
                 "-s".into(),
@@ -259,7 +281,10 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
                     c.tool,
                     args.join(" ")
                 );
-                runs[link].add(runner.run(c.tool, c.tag[link], &args, env, port));
+                runs[link].add(
+                    round as usize - 1,
+                    runner.run(c.tool, c.tag[link], &args, env, port),
+                );
                 port = port.wrapping_add(1);
                 if port < 1024 {
                     port = opts.port;
@@ -284,39 +309,40 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
         let ratio = ratio.map_or("-".into(), |r| format!("{r:.2}x"));
         println!("{case:<34} {link:<5} {ours:>16}  {baseline:<30} {ratio:>7}");
     };
+    let med = |of: fn(&Baseline) -> f64| {
+        median(&bases.iter().map(of).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+    };
+    let rounds = bases.len();
     for (c, runs) in cases.iter().zip(&results) {
-        let (tcp, baseline, unit) = match c.base {
+        let (of, baseline, unit): (fn(&Baseline) -> f64, String, &str) = match c.base {
             Base::Stream64k => (
-                base.stream_64k_mb_s,
-                format!("TCP stream 64 KiB {:.0} MB/s", base.stream_64k_mb_s),
+                |b| b.stream_64k_mb_s,
+                format!("TCP stream 64 KiB {:.0} MB/s", med(|b| b.stream_64k_mb_s)),
                 "MB/s",
             ),
             Base::Stream1m => (
-                base.stream_1m_mb_s,
-                format!("TCP stream 1 MiB {:.0} MB/s", base.stream_1m_mb_s),
+                |b| b.stream_1m_mb_s,
+                format!("TCP stream 1 MiB {:.0} MB/s", med(|b| b.stream_1m_mb_s)),
                 "MB/s",
             ),
             Base::PingPong => (
-                base.pingpong_us,
-                format!("TCP 8 B half RTT {:.2} us", base.pingpong_us),
+                |b| b.pingpong_us,
+                format!("TCP 8 B half RTT {:.2} us", med(|b| b.pingpong_us)),
                 "us",
             ),
         };
         for (link, r) in ["shm", "udp"].iter().zip(runs) {
+            let ratio = Runs::ratio(&r.values, &bases, of);
             match (r.value(), r.errors.first()) {
-                (Some(v), _) if unit == "us" => row(
-                    c.name,
-                    link,
-                    format!("{v:.2} us"),
-                    baseline.clone(),
-                    Some(v / tcp),
-                ),
+                (Some(v), _) if unit == "us" => {
+                    row(c.name, link, format!("{v:.2} us"), baseline.clone(), ratio)
+                }
                 (Some(v), _) => row(
                     c.name,
                     link,
                     format!("{v:.0} MB/s"),
                     baseline.clone(),
-                    Some(v / tcp),
+                    ratio,
                 ),
                 (None, Some(e)) => row(c.name, link, "FAILED".into(), e.clone(), None),
                 (None, None) => {}
@@ -325,24 +351,29 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     }
     // CPU per GB of the 1 MiB WRITEs: both processes, per 10^9 bytes written.
     let gb = c_bytes(&cases[1]) / 1e9;
-    let tcp_cpu = base.stream_1m_cpu_s_per_gb;
-    let memcpy = 1.0 / base.memcpy_gb_s;
+    let tcp_cpu = med(|b| b.stream_1m_cpu_s_per_gb);
+    let memcpy = 1.0 / med(|b| b.memcpy_gb_s);
     for (link, r) in ["shm", "udp"].iter().zip(&results[1]) {
-        if let Some(cpu) = median(&r.cpu_s).filter(|c| *c > 0.0) {
-            let per_gb = cpu / gb;
+        let per_gb: Vec<(usize, f64)> = r
+            .cpu_s
+            .iter()
+            .filter(|(_, c)| *c > 0.0)
+            .map(|(i, c)| (*i, c / gb))
+            .collect();
+        if let Some(v) = median(&per_gb.iter().map(|(_, v)| *v).collect::<Vec<_>>()) {
             row(
                 "CPU per GB, ib_write_bw 1 MiB",
                 link,
-                format!("{per_gb:.3} s/GB"),
+                format!("{v:.3} s/GB"),
                 format!("TCP stream 1 MiB {tcp_cpu:.3} s/GB"),
-                Some(per_gb / tcp_cpu),
+                Runs::ratio(&per_gb, &bases, |b| b.stream_1m_cpu_s_per_gb),
             );
             row(
                 "",
                 "",
                 String::new(),
                 format!("memcpy 1 MiB {memcpy:.3} s/GB"),
-                Some(per_gb / memcpy),
+                Runs::ratio(&per_gb, &bases, |b| 1.0 / b.memcpy_gb_s),
             );
         }
     }
@@ -374,7 +405,7 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     }
     println!("{rule}");
     println!(
-        "ratio = ours / baseline (bandwidth: higher is better; latency and CPU: lower is better)"
+        "ratio = median over the {rounds} rounds of ours / that round's baseline (bandwidth: higher is better; latency and CPU: lower is better); ours and baseline: medians"
     );
     if opts.udp {
         let vs = |i: usize| match (results[i][0].value(), results[i][1].value()) {
