@@ -245,22 +245,44 @@ fn the_waker_ends_a_receive_wait_once_per_wake() {
     });
     let start = Instant::now();
     assert_eq!(b.recv_frames(long, &mut |_| {}).unwrap(), 0);
-    assert!(start.elapsed() < Duration::from_secs(4), "the wake did not end the wait");
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "the wake did not end the wait"
+    );
     ringer.join().unwrap();
     // Taken: the next wait waits its whole timeout.
     let start = Instant::now();
-    assert_eq!(b.recv_frames(Duration::from_millis(30), &mut |_| {}).unwrap(), 0);
-    assert!(start.elapsed() >= Duration::from_millis(25), "{:?}", start.elapsed());
+    assert_eq!(
+        b.recv_frames(Duration::from_millis(30), &mut |_| {})
+            .unwrap(),
+        0
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(25),
+        "{:?}",
+        start.elapsed()
+    );
     // Rung three times before anybody waits: the next wait ends at once, the one after waits.
     for _ in 0..3 {
         wake();
     }
     let start = Instant::now();
     assert_eq!(b.recv_frames(long, &mut |_| {}).unwrap(), 0);
-    assert!(start.elapsed() < Duration::from_secs(4), "a wake rung before the wait was lost");
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "a wake rung before the wait was lost"
+    );
     let start = Instant::now();
-    assert_eq!(b.recv_frames(Duration::from_millis(30), &mut |_| {}).unwrap(), 0);
-    assert!(start.elapsed() >= Duration::from_millis(25), "{:?}", start.elapsed());
+    assert_eq!(
+        b.recv_frames(Duration::from_millis(30), &mut |_| {})
+            .unwrap(),
+        0
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(25),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
