@@ -127,14 +127,12 @@ impl<R: RegisterAccess, D: DmaAllocator> RawDriver<R, D> {
         let mut meta = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::MetaReport(0)));
         let mut sn_tx = ProducerRing::new(ring(&dma)?, ring_regs(RingId::SimpleNicTx));
         let mut sn_rx = ConsumerRing::new(ring(&dma)?, ring_regs(RingId::SimpleNicRx));
-        for p in [&mut cmd, &mut send, &mut sn_tx] {
-            p.program(&regs)
-                .map_err(|e| RawError::Ring(e.to_string()))?;
-        }
-        for c in [&mut resp, &mut meta, &mut sn_rx] {
-            c.program(&regs)
-                .map_err(|e| RawError::Ring(e.to_string()))?;
-        }
+        bluerdma_core::ring::program_rings(
+            &regs,
+            [&mut cmd, &mut send, &mut sn_tx],
+            [&mut resp, &mut meta, &mut sn_rx],
+        )
+        .map_err(|e| RawError::Ring(e.to_string()))?;
         let rx_buffer = dma.alloc(RX_BUFFER_SIZE as usize, 2 << 20)?;
         let staging = dma.alloc(4096, 4096)?;
         let tx_frame = dma.alloc(4096, 4096)?;

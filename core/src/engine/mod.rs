@@ -219,14 +219,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
             ProducerRing::new(ring_memory(&dma, sn_tx)?, ring_regs(RingId::SimpleNicTx)?);
         let mut sn_rx =
             ConsumerRing::new(ring_memory(&dma, sn_rx)?, ring_regs(RingId::SimpleNicRx)?);
-        // Each ring continues where the card's pointer is: a card is not reset between
-        // drivers (ring/producer.rs).
-        for p in [&mut cmd, &mut send, &mut sn_tx] {
-            p.program(&regs)?;
-        }
-        for c in [&mut resp, &mut meta, &mut sn_rx] {
-            c.program(&regs)?;
-        }
+        crate::ring::program_rings(
+            &regs,
+            [&mut cmd, &mut send, &mut sn_tx],
+            [&mut resp, &mut meta, &mut sn_rx],
+        )?;
         let rx_addr = rx_buf.device_addr();
         let network = SetNetworkParam {
             mac: cfg.mac,

@@ -88,6 +88,24 @@ impl fmt::Display for NotAPointer {
     }
 }
 
+/// Points the card at its rings, the host-to-card ones first: each continues where the
+/// card's pointer is, since a card is not reset between drivers
+/// ([`ProducerRing::program`], [`ConsumerRing::program`]). Stops at the first pointer
+/// register that reads as no pointer.
+pub fn program_rings<const P: usize, const C: usize>(
+    regs: &impl RegisterAccess,
+    producers: [&mut ProducerRing; P],
+    consumers: [&mut ConsumerRing; C],
+) -> Result<(), NotAPointer> {
+    for p in producers {
+        p.program(regs)?;
+    }
+    for c in consumers {
+        c.program(regs)?;
+    }
+    Ok(())
+}
+
 /// Where the card's pointer of a ring is: `reg` (the tail of a host-to-card ring, the head
 /// of a card-to-host one) read as a [`RingPtr`].
 fn card_pointer<const N: u16>(

@@ -358,14 +358,12 @@ impl Mux {
         let mut meta = ConsumerRing::new(ring(&dma)?, regs_of(RingId::MetaReport(0)));
         let mut ntx = ProducerRing::new(ring(&dma)?, regs_of(RingId::SimpleNicTx));
         let mut nrx = ConsumerRing::new(ring(&dma)?, regs_of(RingId::SimpleNicRx));
-        // Each ring continues where the card's pointer is: a card is not reset between
-        // drivers (bluerdma_core::ring::ProducerRing::program).
-        for r in [&mut cmd, &mut send, &mut ntx] {
-            r.program(&regs).map_err(|e| e.to_string())?;
-        }
-        for r in [&mut resp, &mut meta, &mut nrx] {
-            r.program(&regs).map_err(|e| e.to_string())?;
-        }
+        bluerdma_core::ring::program_rings(
+            &regs,
+            [&mut cmd, &mut send, &mut ntx],
+            [&mut resp, &mut meta, &mut nrx],
+        )
+        .map_err(|e| e.to_string())?;
         let rx_buf = dma
             .alloc(RX_BUFFER_SIZE as usize, 4096)
             .map_err(|e| format!("the simple-NIC buffer: {e:?}"))?;
