@@ -230,6 +230,13 @@ fn udp_recv_waits_at_most_its_timeout() {
     );
 }
 
+/// How long one `recv_frames(timeout)` on `port` took; it must deliver no frame.
+fn empty_wait(port: &mut UdpLink, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    assert_eq!(port.recv_frames(timeout, &mut |_| {}).unwrap(), 0);
+    start.elapsed()
+}
+
 /// The port's waker ends a receive wait at once and delivers no frame; a wake that was
 /// taken does not keep the next wait from waiting; wakes rung together end one wait, and a
 /// wake rung while nobody waits ends the next wait.
@@ -237,52 +244,32 @@ fn udp_recv_waits_at_most_its_timeout() {
 fn the_waker_ends_a_receive_wait_once_per_wake() {
     let (_a, mut b) = udp_pair();
     let wake = b.waker().expect("a UDP port has a waker");
-    let long = Duration::from_secs(5);
+    let (long, short) = (Duration::from_secs(5), Duration::from_millis(30));
     let waiter_wake = wake.clone();
     let ringer = thread::spawn(move || {
         thread::sleep(Duration::from_millis(50));
         waiter_wake();
     });
-    let start = Instant::now();
-    assert_eq!(b.recv_frames(long, &mut |_| {}).unwrap(), 0);
+    let woken = empty_wait(&mut b, long);
     assert!(
-        start.elapsed() < Duration::from_secs(4),
+        woken < Duration::from_secs(4),
         "the wake did not end the wait"
     );
     ringer.join().unwrap();
     // Taken: the next wait waits its whole timeout.
-    let start = Instant::now();
-    assert_eq!(
-        b.recv_frames(Duration::from_millis(30), &mut |_| {})
-            .unwrap(),
-        0
-    );
-    assert!(
-        start.elapsed() >= Duration::from_millis(25),
-        "{:?}",
-        start.elapsed()
-    );
+    let waited = empty_wait(&mut b, short);
+    assert!(waited >= Duration::from_millis(25), "{waited:?}");
     // Rung three times before anybody waits: the next wait ends at once, the one after waits.
     for _ in 0..3 {
         wake();
     }
-    let start = Instant::now();
-    assert_eq!(b.recv_frames(long, &mut |_| {}).unwrap(), 0);
+    let woken = empty_wait(&mut b, long);
     assert!(
-        start.elapsed() < Duration::from_secs(4),
+        woken < Duration::from_secs(4),
         "a wake rung before the wait was lost"
     );
-    let start = Instant::now();
-    assert_eq!(
-        b.recv_frames(Duration::from_millis(30), &mut |_| {})
-            .unwrap(),
-        0
-    );
-    assert!(
-        start.elapsed() >= Duration::from_millis(25),
-        "{:?}",
-        start.elapsed()
-    );
+    let waited = empty_wait(&mut b, short);
+    assert!(waited >= Duration::from_millis(25), "{waited:?}");
 }
 
 #[test]

@@ -58,9 +58,12 @@ fn write_read_and_send_between_two_fake_pci_cards_move_every_byte() {
 
 /// A served card is not reset when its driver goes: each ring's pointers stay where the
 /// last driver left them. Drivers one after another on the same two cards (as perftest runs
-/// one tool after another) must each take every ring over from there and move every byte;
-/// a driver that programmed its rings at 0 left the card a moment where it saw the old head
-/// and the new tail, fetched 64 empty simple-NIC slots and never sent an ACK again.
+/// one tool after another) must each take every ring over from there and move every byte.
+/// Each later driver is checked to start on a used card (the simple-NIC TX tail its
+/// predecessor's ACKs moved is not 0 in the BAR). The race that made a driver which
+/// programmed its rings at 0 lose its ACK ring (the card saw the old head with the new
+/// tail) is timing-dependent; the ring unit tests pin the fix itself (a driver writes no
+/// pointer but its own, set to the card's).
 #[test]
 fn drivers_one_after_another_on_the_same_cards_take_every_ring_over() {
     if !root_or_skip("the fake PCI card") {
@@ -77,10 +80,43 @@ fn drivers_one_after_another_on_the_same_cards_take_every_ring_over() {
         root_b.display()
     );
     for driver in 0..3u32 {
+        if driver > 0 {
+            for root in [&root_a, &root_b] {
+                let tail = simple_nic_tx_tail(root);
+                assert_ne!(
+                    tail, 0,
+                    "driver {driver} starts on an unused card ({root:?})"
+                );
+            }
+        }
         let devs = open_all(&list);
         let (a, b) = (&devs[0], &devs[1]);
         let (sa, sb) = connect_pair(a, b, (0, 0), 14, 7);
         exercise(a, b, (&sa, &sb), 11 + driver);
         exercise(b, a, (&sb, &sa), 17 + driver);
+    }
+}
+
+/// The simple-NIC TX tail of the fake card under `root`, as its BAR holds it once the
+/// card's mirror has copied it there (polled: it may take a moment after the driver went).
+fn simple_nic_tx_tail(root: &std::path::Path) -> u32 {
+    use bluerdma_core::regs::{RingId, RingReg, DECODED_CHANNELS};
+    use std::os::unix::fs::FileExt;
+    let bar = root.join("sys/bus/pci/devices/0000:3b:00.0/resource0");
+    let file = std::fs::File::open(&bar).unwrap_or_else(|e| panic!("{}: {e}", bar.display()));
+    let at = RingId::SimpleNicTx
+        .reg(RingReg::Tail, DECODED_CHANNELS)
+        .expect("decoded")
+        .offset();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let mut word = [0u8; 4];
+        file.read_exact_at(&mut word, u64::from(at))
+            .expect("BAR read");
+        let tail = u32::from_le_bytes(word);
+        if tail != 0 || std::time::Instant::now() >= deadline {
+            return tail;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }

@@ -155,23 +155,28 @@ impl Runs {
     }
 
     fn value(&self) -> Option<f64> {
-        median(&self.values.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+        median_of_rounds(&self.values)
     }
+}
 
-    /// The median over the rounds of this round's figure against `of` this round's
-    /// baseline: each ratio compares two measurements minutes apart at most, not the
-    /// figure of one round with the baseline of another.
-    fn ratio(
-        values: &[(usize, f64)],
-        bases: &[Baseline],
-        of: impl Fn(&Baseline) -> f64,
-    ) -> Option<f64> {
-        let ratios: Vec<f64> = values
-            .iter()
-            .filter_map(|(r, v)| bases.get(*r).map(|b| v / of(b)))
-            .collect();
-        median(&ratios)
-    }
+/// The median of per-round figures.
+fn median_of_rounds(values: &[(usize, f64)]) -> Option<f64> {
+    median(&values.iter().map(|(_, v)| *v).collect::<Vec<_>>())
+}
+
+/// The median over the rounds of each round's figure against `of` that round's baseline:
+/// each ratio compares two measurements minutes apart at most, not the figure of one round
+/// with the baseline of another.
+fn paired_ratio(
+    values: &[(usize, f64)],
+    bases: &[Baseline],
+    of: impl Fn(&Baseline) -> f64,
+) -> Option<f64> {
+    let ratios: Vec<f64> = values
+        .iter()
+        .filter_map(|(r, v)| bases.get(*r).map(|b| v / of(b)))
+        .collect();
+    median(&ratios)
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -256,10 +261,9 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     let mut results: Vec<[Runs; 2]> = cases.iter().map(|_| Default::default()).collect();
     let mut port = opts.port;
     // Rounds of every case, the two links back to back: a load that comes and goes hits
-    // both alike, and the median of the rounds is reported.
-    // The baselines are measured at the start of every round, and each round's figures
-    // are compared with its own: a TCP stream measured once, in a quiet or a busy minute,
-    // moved every ratio of the run by as much as 2x (BENCHMARKS.md, sessions 6 and 7).
+    // both alike, and the median of the rounds is reported. Each round starts with its
+    // baselines and its figures are compared with those: a TCP stream measured once, in a
+    // quiet or a busy minute, moved every ratio of a run by up to 2x (BENCHMARKS.md).
     let mut bases = Vec::new();
     for round in 1..=opts.repeat {
         bases.push(measure_baseline(root, &opts)?);
@@ -332,7 +336,7 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             ),
         };
         for (link, r) in ["shm", "udp"].iter().zip(runs) {
-            let ratio = Runs::ratio(&r.values, &bases, of);
+            let ratio = paired_ratio(&r.values, &bases, of);
             match (r.value(), r.errors.first()) {
                 (Some(v), _) if unit == "us" => {
                     row(c.name, link, format!("{v:.2} us"), baseline.clone(), ratio)
@@ -360,20 +364,20 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             .filter(|(_, c)| *c > 0.0)
             .map(|(i, c)| (*i, c / gb))
             .collect();
-        if let Some(v) = median(&per_gb.iter().map(|(_, v)| *v).collect::<Vec<_>>()) {
+        if let Some(v) = median_of_rounds(&per_gb) {
             row(
                 "CPU per GB, ib_write_bw 1 MiB",
                 link,
                 format!("{v:.3} s/GB"),
                 format!("TCP stream 1 MiB {tcp_cpu:.3} s/GB"),
-                Runs::ratio(&per_gb, &bases, |b| b.stream_1m_cpu_s_per_gb),
+                paired_ratio(&per_gb, &bases, |b| b.stream_1m_cpu_s_per_gb),
             );
             row(
                 "",
                 "",
                 String::new(),
                 format!("memcpy 1 MiB {memcpy:.3} s/GB"),
-                Runs::ratio(&per_gb, &bases, |b| 1.0 / b.memcpy_gb_s),
+                paired_ratio(&per_gb, &bases, |b| 1.0 / b.memcpy_gb_s),
             );
         }
     }
@@ -573,4 +577,36 @@ fn memcpy_gb_s(run: Duration) -> f64 {
 #[cfg(feature = "tcp-baseline")]
 fn own_cpu_seconds() -> f64 {
     super::perftest::cpu_ticks(std::process::id()).map_or(0.0, |t| t as f64 / 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base(stream: f64) -> Baseline {
+        Baseline {
+            stream_64k_mb_s: stream,
+            stream_1m_mb_s: stream,
+            stream_1m_cpu_s_per_gb: 1.0,
+            pingpong_us: 1.0,
+            memcpy_gb_s: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_ratio_pairs_each_round_with_its_own_baseline() {
+        // The load swings both alike: the rounds give 1.5x, 1.0x and 1.5x, a median of 1.5x,
+        // while the median figure over the median baseline would say 1000/1000 = 1.0x.
+        let bases = [base(400.0), base(1000.0), base(2000.0)];
+        let ours = [(0, 600.0), (1, 1000.0), (2, 3000.0)];
+        let r = paired_ratio(&ours, &bases, |b| b.stream_64k_mb_s).unwrap();
+        assert!((r - 1.5).abs() < 1e-9, "{r}");
+        assert_eq!(median_of_rounds(&ours), Some(1000.0));
+        // A round that gave no figure is left out, not paired with another's baseline:
+        // round 2's 2000 against round 2's 2000 is 1.0x (against round 1's it would be 2.0x).
+        let r = paired_ratio(&[(0, 600.0), (2, 2000.0)], &bases, |b| b.stream_64k_mb_s);
+        assert_eq!(r, Some(1.5));
+        let r = paired_ratio(&[(2, 2000.0)], &bases, |b| b.stream_64k_mb_s);
+        assert_eq!(r, Some(1.0));
+    }
 }
