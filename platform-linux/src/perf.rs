@@ -38,9 +38,29 @@ pub struct Side {
 /// Two devices blue0 (127.0.0.1) and blue1 (127.0.0.2) on the UDP link at `port`, with the
 /// out-of-band channel over TCP at `port + 1`, and a connected QP pair.
 pub fn open_udp_pair(port: u16) -> (Context, Context, Side, Side) {
-    let link = |ip| {
+    open_pair_on(port, &|ip| {
         Box::new(UdpLink::bind(UdpLinkConfig::new(ip).with_port(port)).expect("bind UDP link"))
-    };
+    })
+}
+
+/// The same two devices on the link a device of this host gets by default: rings in shared
+/// memory between the two cards (over the UDP link at `port`), unless `BLUERDMA_LINK_SHM=0`.
+pub fn open_local_pair(port: u16) -> (Context, Context, Side, Side) {
+    open_pair_on(port, &|ip| {
+        let opts = bluerdma_sim::inproc::DeviceLinkOptions {
+            port: Some(port),
+            faults: None,
+            capture: None,
+            shm: bluerdma_sim::link::shm::ShmConfig::from_env(),
+        };
+        bluerdma_sim::inproc::device_link(ip, &opts).expect("open the device link")
+    })
+}
+
+fn open_pair_on(
+    port: u16,
+    link: &dyn Fn(Ipv4Addr) -> Box<dyn bluerdma_sim::link::LinkPort>,
+) -> (Context, Context, Side, Side) {
     let oob = |ip| -> Option<Box<dyn bluerdma_core::platform::OobTransport + Send>> {
         let mut cfg = crate::oob::TcpOobConfig::new(ip);
         cfg.port = port.wrapping_add(1);

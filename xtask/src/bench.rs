@@ -383,21 +383,23 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     }
     let goal = format!("goal {:.0} M WR/s", POST_GOAL / 1e6);
     match &posts {
-        Ok((one, batch)) => {
-            row(
-                "post_send 64 B WRITE, 1 per call",
-                "-",
-                format!("{:.2} M WR/s", one / 1e6),
-                goal.clone(),
-                Some(one / POST_GOAL),
-            );
-            row(
-                "post_send 64 B WRITE, 32 per call",
-                "-",
-                format!("{:.2} M WR/s", batch / 1e6),
-                goal,
-                Some(batch / POST_GOAL),
-            );
+        Ok(links) => {
+            for (link, one, batch) in links {
+                row(
+                    "post_send 64 B WRITE, 1 per call",
+                    link,
+                    format!("{:.2} M WR/s", one / 1e6),
+                    goal.clone(),
+                    Some(one / POST_GOAL),
+                );
+                row(
+                    "post_send 64 B WRITE, 32 per call",
+                    link,
+                    format!("{:.2} M WR/s", batch / 1e6),
+                    goal.clone(),
+                    Some(batch / POST_GOAL),
+                );
+            }
         }
         Err(e) => row(
             "post_send 64 B WRITE",
@@ -486,8 +488,9 @@ fn measure_baseline(root: &Path, opts: &Opts) -> Result<Baseline, String> {
     })
 }
 
-/// `cargo bench -p bluerdma-linux --bench post_rate`: WR/s one per call and 32 per call.
-fn post_rate(root: &Path, opts: &Opts) -> Result<(f64, f64), String> {
+/// `cargo bench -p bluerdma-linux --bench post_rate`: WR/s one per call and 32 per call, on
+/// the link two local devices get by default (shared memory) and on the UDP link.
+fn post_rate(root: &Path, opts: &Opts) -> Result<Vec<(&'static str, f64, f64)>, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let secs = if opts.quick { "0.5" } else { "2" };
     println!("bench: cargo bench -p bluerdma-linux --bench post_rate -- --seconds {secs}");
@@ -508,14 +511,17 @@ fn post_rate(root: &Path, opts: &Opts) -> Result<(f64, f64), String> {
         .map_err(|e| format!("cannot start `{cargo} bench`: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |key: &str| keyed_number(&text, key);
-    match (
-        out.status.success(),
-        field("post_send_1 "),
-        field("post_send_32 "),
-    ) {
-        (true, Some(one), Some(batch)) => Ok((one, batch)),
-        _ => Err(format!("post_rate bench failed: {}", text.trim())),
+    let links = [("shm", ""), ("udp", "_udp")];
+    let mut found = Vec::new();
+    for (link, suffix) in links {
+        let one = field(&format!("post_send_1{suffix} "));
+        let batch = field(&format!("post_send_32{suffix} "));
+        match (out.status.success(), one, batch) {
+            (true, Some(one), Some(batch)) => found.push((link, one, batch)),
+            _ => return Err(format!("post_rate bench failed: {}", text.trim())),
+        }
     }
+    Ok(found)
 }
 
 /// `bench --baseline SECS ITERS IP`: prints `stream_64k_mb_s`, `stream_1m_mb_s`,
