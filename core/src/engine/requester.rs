@@ -10,9 +10,9 @@ use crate::keys::Qpn;
 use crate::mac::MacAddr;
 use crate::mtu::Pmtu;
 use crate::qp::{QpState, QpType};
+use crate::ring::DescStaging;
 use crate::time::{Instant, Nanos};
 use crate::transport::{Chunk, Fragmenter, Psn};
-use core::mem::MaybeUninit;
 
 use super::config::{BATCH, CHUNK_BYTES, SEND_WINDOW_CAP};
 use super::error::VerbsError;
@@ -185,69 +185,52 @@ impl Path {
     }
 }
 
-/// Descriptors gathered for one doorbell. Its slots start uninitialized: a batch is made
-/// for every post and every poll, and zeroing 64 descriptors (2 KiB) cost more than the
-/// rest of a one-WRITE post (callgrind, docs/BENCHMARKS.md); only the `n` slots pushed are
-/// written or read.
+/// Descriptors gathered for one doorbell (not zeroed up front: [`DescStaging`]).
 pub(crate) struct Batch {
-    descs: [MaybeUninit<RawDesc>; BATCH],
-    n: usize,
+    descs: DescStaging<BATCH>,
 }
 
 impl Batch {
     #[inline]
     pub(crate) fn new() -> Self {
         Batch {
-            // An inline const per element: `MaybeUninit::uninit()` of the whole array (or
-            // heapless::Vec::new) is compiled to a memset of it.
-            descs: [const { MaybeUninit::uninit() }; BATCH],
-            n: 0,
+            descs: DescStaging::new(),
         }
     }
 
     /// Descriptors gathered.
     #[inline]
     pub(crate) fn len(&self) -> usize {
-        self.n
+        self.descs.len()
     }
 
     /// Whether `more` descriptors still fit.
     #[inline]
     pub(crate) fn fits(&self, more: usize) -> bool {
-        self.n + more <= BATCH
+        self.descs.len() + more <= BATCH
     }
 
     /// Appends a send request's two descriptors (the caller checked `fits(2)`).
     #[inline]
     pub(crate) fn push_pair(&mut self, req: &SendRequest) {
-        if let Some([slot0, slot1]) = self.descs.get_mut(self.n..self.n + 2) {
+        if self.fits(2) {
             let (mut seg0, mut seg1) = (RawDesc::ZERO, RawDesc::ZERO);
             req.encode_into(&mut seg0, &mut seg1);
-            slot0.write(seg0);
-            slot1.write(seg1);
-            self.n += 2;
+            self.descs.push(seg0);
+            self.descs.push(seg1);
         }
     }
 
     /// Appends one descriptor (the caller checked `fits(1)`).
     #[inline]
     pub(crate) fn push(&mut self, d: RawDesc) {
-        if let Some(slot) = self.descs.get_mut(self.n) {
-            slot.write(d);
-            self.n += 1;
-        }
+        self.descs.push(d);
     }
 
     /// The gathered descriptors, and the batch emptied.
     #[inline]
     pub(crate) fn take(&mut self) -> &[RawDesc] {
-        let n = core::mem::take(&mut self.n);
-        let filled = &self.descs[..n];
-        // SAFETY: `push` and `push_pair` write a slot before they count it, and `n` only
-        // counts written slots (it is never more than BATCH: both check the slice bounds),
-        // so the first `n` are initialized; MaybeUninit<RawDesc> has RawDesc's layout. The
-        // slice borrows `self`, so no push can overwrite a slot while it is read.
-        unsafe { core::slice::from_raw_parts(filled.as_ptr().cast::<RawDesc>(), n) }
+        self.descs.take()
     }
 }
 
@@ -699,45 +682,4 @@ pub(crate) fn packets_of(
         is_last: c.is_last && hi == c.packets,
         is_retry: c.is_retry,
     })
-}
-
-#[cfg(test)]
-mod batch_tests {
-    use super::*;
-
-    fn desc(k: usize) -> RawDesc {
-        RawDesc([k as u8; crate::desc::DESC_SIZE])
-    }
-
-    #[test]
-    fn a_batch_hands_over_what_was_pushed_in_order_and_starts_empty_again() {
-        let mut b = Batch::new();
-        assert!(b.take().is_empty(), "a new batch holds nothing");
-        for k in 0..5 {
-            b.push(desc(k));
-        }
-        let got: heapless::Vec<RawDesc, BATCH> = b.take().iter().copied().collect();
-        assert_eq!(
-            &got[..],
-            &(0..5).map(desc).collect::<heapless::Vec<_, 5>>()[..]
-        );
-        assert_eq!(b.len(), 0);
-        assert!(b.take().is_empty(), "taken once");
-        b.push(desc(9));
-        assert_eq!(b.take(), &[desc(9)], "reused after a take");
-    }
-
-    #[test]
-    fn a_full_batch_refuses_more_and_keeps_what_it_has() {
-        let mut b = Batch::new();
-        for k in 0..BATCH {
-            assert!(b.fits(1));
-            b.push(desc(k));
-        }
-        assert!(!b.fits(1));
-        b.push(desc(200));
-        let descs = b.take();
-        assert_eq!(descs.len(), BATCH);
-        assert!(descs.iter().enumerate().all(|(k, d)| *d == desc(k)));
-    }
 }

@@ -18,7 +18,7 @@ mod producer;
 mod testing;
 
 pub use consumer::{ConsumerRing, Popped};
-pub use memory::{RejectedBuffer, RingMemory, RingMemoryError, RingSlots, RING_ALIGN};
+pub use memory::{DescStaging, RejectedBuffer, RingMemory, RingMemoryError, RingSlots, RING_ALIGN};
 pub use pointer::{RingPtr, RING_BYTES, RING_LEN};
 pub use producer::{ImpossibleTail, ProducerRing, PushError};
 
