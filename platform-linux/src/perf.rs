@@ -49,9 +49,8 @@ pub fn open_local_pair(port: u16) -> (Context, Context, Side, Side) {
     open_pair_on(port, &|ip| {
         let opts = bluerdma_sim::inproc::DeviceLinkOptions {
             port: Some(port),
-            faults: None,
-            capture: None,
             shm: bluerdma_sim::link::shm::ShmConfig::from_env(),
+            ..Default::default()
         };
         bluerdma_sim::inproc::device_link(ip, &opts).expect("open the device link")
     })

@@ -489,11 +489,16 @@ fn measure_baseline(root: &Path, opts: &Opts) -> Result<Baseline, String> {
 }
 
 /// `cargo bench -p bluerdma-linux --bench post_rate`: WR/s one per call and 32 per call, on
-/// the link two local devices get by default (shared memory) and on the UDP link.
+/// the link two local devices get by default (shared memory) and, unless `--no-udp`, on the
+/// UDP link.
 fn post_rate(root: &Path, opts: &Opts) -> Result<Vec<(&'static str, f64, f64)>, String> {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let secs = if opts.quick { "0.5" } else { "2" };
-    println!("bench: cargo bench -p bluerdma-linux --bench post_rate -- --seconds {secs}");
+    let no_udp: &[&str] = if opts.udp { &[] } else { &["--no-udp"] };
+    println!(
+        "bench: cargo bench -p bluerdma-linux --bench post_rate -- --seconds {secs} {}",
+        no_udp.join(" ")
+    );
     let out = Command::new(&cargo)
         .args([
             "bench",
@@ -505,23 +510,32 @@ fn post_rate(root: &Path, opts: &Opts) -> Result<Vec<(&'static str, f64, f64)>, 
             "--",
         ])
         .args(["--seconds", secs])
+        .args(no_udp)
         .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("cannot start `{cargo} bench`: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let field = |key: &str| keyed_number(&text, key);
-    let links = [("shm", ""), ("udp", "_udp")];
-    let mut found = Vec::new();
-    for (link, suffix) in links {
-        let one = field(&format!("post_send_1{suffix} "));
-        let batch = field(&format!("post_send_32{suffix} "));
-        match (out.status.success(), one, batch) {
-            (true, Some(one), Some(batch)) => found.push((link, one, batch)),
-            _ => return Err(format!("post_rate bench failed: {}", text.trim())),
-        }
+    let failed = || format!("post_rate bench failed: {}", text.trim());
+    if !out.status.success() {
+        return Err(failed());
     }
-    Ok(found)
+    let links: &[(&'static str, &str)] = if opts.udp {
+        &[("shm", ""), ("udp", "_udp")]
+    } else {
+        &[("shm", "")]
+    };
+    links
+        .iter()
+        .map(|&(link, suffix)| {
+            let one = keyed_number(&text, &format!("post_send_1{suffix} "));
+            let batch = keyed_number(&text, &format!("post_send_32{suffix} "));
+            match (one, batch) {
+                (Some(one), Some(batch)) => Ok((link, one, batch)),
+                _ => Err(failed()),
+            }
+        })
+        .collect()
 }
 
 /// `bench --baseline SECS ITERS IP`: prints `stream_64k_mb_s`, `stream_1m_mb_s`,
