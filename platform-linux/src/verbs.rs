@@ -17,7 +17,7 @@ use std::fmt;
 use std::mem::ManuallyDrop;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -36,12 +36,14 @@ use crate::backend::{
 };
 use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
+use wake::Wake;
 
 mod buffer;
 mod inline;
 mod mw;
 mod progress;
 mod qp;
+mod wake;
 
 pub use mw::Mw;
 pub use qp::{card_takes_first_psn, Endpoint, Qp};
@@ -125,8 +127,8 @@ struct Inner {
     epoch: std::time::Instant,
     stop: AtomicBool,
     /// Wakes the progress thread when new work is posted (or, through [`Context::waker`],
-    /// when the out-of-band channel has records for it).
-    kick: Arc<(Mutex<bool>, Condvar)>,
+    /// when the out-of-band channel has records for it), wherever it sleeps.
+    wake: Arc<Wake>,
     spec: DeviceSpec,
     /// The share of the card's tables this engine allocates in (the whole card unless the
     /// device is shared between processes).
@@ -152,8 +154,6 @@ struct Inner {
     raw_seen: AtomicU64,
     /// When the last post_send was (ns since `epoch`; [`Inner::post_burst`]).
     last_post: AtomicU64,
-    /// The progress thread waits in the inline card's link: a kick must wake the link.
-    deep_sleep: AtomicBool,
     /// CQs armed for a completion event ([`Cq::arm`]); the progress thread watches them.
     armed: Mutex<Vec<Weak<CqInner>>>,
     /// The consumer of received simple-NIC frames ([`Context::set_raw_handler`]).
@@ -251,21 +251,7 @@ impl Inner {
     }
 
     fn kick(&self) {
-        kick(&self.kick);
-        if self.deep_sleep.load(Ordering::SeqCst) {
-            if let Some(card) = &self.inline {
-                card.wake();
-            }
-        }
-    }
-}
-
-/// Wakes the progress thread that waits on `pair`.
-fn kick(pair: &(Mutex<bool>, Condvar)) {
-    let (lock, cv) = pair;
-    if let Ok(mut k) = lock.lock() {
-        *k = true;
-        cv.notify_one();
+        self.wake.kick();
     }
 }
 
@@ -339,7 +325,7 @@ impl Context {
             dev: ManuallyDrop::new(Mutex::new(dev)),
             epoch,
             stop: AtomicBool::new(false),
-            kick: Arc::new((Mutex::new(false), Condvar::new())),
+            wake: Arc::new(Wake::new(inline.clone())),
             spec,
             windows,
             kind,
@@ -351,7 +337,6 @@ impl Context {
             spin_last: AtomicU64::new(0),
             last_post: AtomicU64::new(0),
             raw_seen: AtomicU64::new(0),
-            deep_sleep: AtomicBool::new(false),
             armed: Mutex::new(Vec::new()),
             raw: Mutex::new(None),
             raw_wanted: AtomicBool::new(false),
@@ -376,10 +361,11 @@ impl Context {
 
     /// A function that wakes the progress thread out of its idle sleep, for a transport
     /// whose records arrive on another thread (an atomic request waits for the responder's
-    /// next poll otherwise). It holds only the wake-up, not the device.
+    /// next poll otherwise), wherever the thread sleeps (an inline card's link included).
+    /// It holds only the wake-up and the inline card's bell, not the device.
     pub fn waker(&self) -> Arc<dyn Fn() + Send + Sync> {
-        let pair = Arc::clone(&self.inner.kick);
-        Arc::new(move || kick(&pair))
+        let wake = Arc::clone(&self.inner.wake);
+        Arc::new(move || wake.kick())
     }
 
     /// Starts an emulated card on `link` and opens the driver on it, with no out-of-band

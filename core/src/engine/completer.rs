@@ -267,6 +267,20 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return;
         }
         self.stats.timeouts += 1;
+        let (qpn, acked, next) = {
+            let q = self.qp(i);
+            (
+                q.attrs.qpn.get(),
+                q.req.acked_psn().get(),
+                q.req.next_psn().get(),
+            )
+        };
+        core_debug!(
+            "QP {:#x}: no ACK for PSNs {:#x}..{:#x} within the timeout",
+            qpn,
+            acked,
+            next
+        );
         if !self.qp(i).req.use_retry() {
             let (acked, next) = (self.qp(i).req.acked_psn(), self.qp(i).req.next_psn());
             let sq = self.sq(i);

@@ -131,13 +131,12 @@ impl Drop for EngineGuard<'_> {
             }
             // A progress thread that is awake runs the card in its next round: leave it
             // the work (it checks for it before it waits, see `deep_wait`).
-            let awake = !inner.deep_sleep.load(Ordering::SeqCst);
+            let awake = !inner.wake.deep_asleep();
             if !self.defer_tx && !awake {
                 card.flush_tx();
-            } else if inner.deep_sleep.swap(false, Ordering::SeqCst) {
+            } else {
                 // Once per wait: the posts that follow find the thread awake.
-                super::kick(&inner.kick);
-                card.wake();
+                inner.wake.kick_once();
             }
         }
     }

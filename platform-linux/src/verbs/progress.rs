@@ -165,36 +165,20 @@ const DEEP_WAIT: Duration = Duration::from_millis(200);
 
 /// Sleeps until a kick or `timeout`; returns whether it was kicked.
 fn wait_kick(inner: &Inner, timeout: Duration) -> bool {
-    let (lock, cv) = &*inner.kick;
-    let Ok(guard) = lock.lock() else {
-        return false;
-    };
-    let (mut kicked, _) = cv
-        .wait_timeout_while(guard, timeout, |k| !*k)
-        .unwrap_or_else(|e| e.into_inner());
-    std::mem::take(&mut *kicked)
+    inner.wake.wait(timeout)
 }
 
-/// Waits in the inline card's link until a frame, a kick (which wakes the link while
-/// `deep_sleep` is up) or `timeout`.
+/// Waits in the inline card's link until a frame, a kick (which wakes the link while the
+/// thread sleeps there) or `timeout`.
 fn deep_wait(
     inner: &Inner,
     card: &dyn crate::backend::InlineCard,
     timeout: Duration,
     announced: bool,
 ) {
-    inner.deep_sleep.store(true, Ordering::SeqCst);
-    // A kick before the flag went up is seen here; one after it wakes the link.
-    let kicked = inner
-        .kick
-        .0
-        .lock()
-        .map(|mut k| std::mem::take(&mut *k))
-        .unwrap_or(true);
-    if !kicked {
+    inner.wake.deep_wait(|| {
         card.wait(timeout, announced);
-    }
-    inner.deep_sleep.store(false, Ordering::SeqCst);
+    });
 }
 
 /// Every armed CQ that holds a completion is disarmed and returned in `fire`

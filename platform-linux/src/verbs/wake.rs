@@ -1,0 +1,234 @@
+//! How the progress thread is woken. It sleeps in one of two places: on a condition
+//! variable (a card that runs in threads of its own, or the RTL and PCI backends), or, with
+//! an inline card, in the card's link (ppoll on its socket and bell) while `deep_sleep` is
+//! up. A kick sets a flag that either sleep reads before it starts, and ends whichever
+//! sleep is under way.
+//!
+//! Every waker goes through [`Wake::kick`], the application's verbs and the out-of-band
+//! channel's I/O thread alike: a waker that only signalled the condition variable left a
+//! progress thread asleep in the link until its next deadline (up to 200 ms) when an
+//! out-of-band record (an atomic request, a receive announcement) arrived.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use crate::backend::InlineCard;
+
+/// The progress thread's wake-up, shared by everything that wakes it. It holds the inline
+/// card only to ring its link's bell, never the device.
+pub(crate) struct Wake {
+    state: Mutex<KickState>,
+    cv: Condvar,
+    /// The progress thread waits in the inline card's link: a kick must wake the link.
+    deep_sleep: AtomicBool,
+    card: Option<Arc<dyn InlineCard>>,
+}
+
+#[derive(Default)]
+struct KickState {
+    kicked: bool,
+    /// A thread waits on the condition variable: only then is it signalled (a notify with
+    /// no waiter is still a futex system call).
+    waiting: bool,
+}
+
+impl Wake {
+    pub(crate) fn new(card: Option<Arc<dyn InlineCard>>) -> Wake {
+        Wake {
+            state: Mutex::new(KickState::default()),
+            cv: Condvar::new(),
+            deep_sleep: AtomicBool::new(false),
+            card,
+        }
+    }
+
+    /// Wakes the progress thread wherever it sleeps; a kick before it sleeps is kept.
+    pub(crate) fn kick(&self) {
+        self.set_kicked();
+        if self.deep_sleep.load(Ordering::SeqCst) {
+            self.wake_link();
+        }
+    }
+
+    /// Wakes a progress thread that waits in the card's link once per wait: the kicks
+    /// that follow find it awake. Returns whether it was asleep there.
+    pub(crate) fn kick_once(&self) -> bool {
+        if !self.deep_sleep.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        self.set_kicked();
+        self.wake_link();
+        true
+    }
+
+    /// Whether the progress thread waits (or is about to wait) in the card's link.
+    pub(crate) fn deep_asleep(&self) -> bool {
+        self.deep_sleep.load(Ordering::SeqCst)
+    }
+
+    fn wake_link(&self) {
+        if let Some(card) = &self.card {
+            card.wake();
+        }
+    }
+
+    fn set_kicked(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.kicked = true;
+        if s.waiting {
+            self.cv.notify_one();
+        }
+    }
+
+    /// Takes the kick flag: whether a kick came since the last take.
+    fn take(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut s.kicked)
+    }
+
+    /// Sleeps on the condition variable until a kick or `timeout`; whether it was kicked.
+    pub(crate) fn wait(&self, timeout: Duration) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.waiting = true;
+        let (mut s, _) = self
+            .cv
+            .wait_timeout_while(s, timeout, |s| !s.kicked)
+            .unwrap_or_else(|e| e.into_inner());
+        s.waiting = false;
+        std::mem::take(&mut s.kicked)
+    }
+
+    /// Runs `wait` (a wait in the card's link) unless a kick came first; a kick during it
+    /// wakes the link. The flag is raised before the kick flag is read (both SeqCst with the
+    /// kickers' accesses), so a kick is seen either here or by the kicker.
+    pub(crate) fn deep_wait(&self, wait: impl FnOnce()) {
+        self.deep_sleep.store(true, Ordering::SeqCst);
+        if !self.take() {
+            wait();
+        }
+        self.deep_sleep.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::thread;
+    use std::time::Instant;
+
+    /// A card whose link wait ends on `wake`, counting the wakes.
+    #[derive(Default)]
+    struct Bell {
+        rung: Mutex<bool>,
+        cv: Condvar,
+        wakes: AtomicUsize,
+    }
+
+    impl InlineCard for Bell {
+        fn receive(&self) -> bool {
+            false
+        }
+        fn step(&self) -> bool {
+            false
+        }
+        fn flush_tx(&self) -> bool {
+            false
+        }
+        fn tx_pending(&self) -> bool {
+            false
+        }
+        fn wait(&self, timeout: Duration, _: bool) -> bool {
+            let g = self.rung.lock().unwrap();
+            let (mut g, _) = self.cv.wait_timeout_while(g, timeout, |r| !*r).unwrap();
+            std::mem::take(&mut *g)
+        }
+        fn app_spins(&self, _: bool) {}
+        fn raw_frames(&self) -> u64 {
+            0
+        }
+        fn wake(&self) {
+            self.wakes.fetch_add(1, Ordering::SeqCst);
+            *self.rung.lock().unwrap() = true;
+            self.cv.notify_one();
+        }
+    }
+
+    fn sleep_in_link(wake: &Arc<Wake>, bell: &Arc<Bell>) -> thread::JoinHandle<Duration> {
+        let (w, b) = (Arc::clone(wake), Arc::clone(bell));
+        let h = thread::spawn(move || {
+            let t = Instant::now();
+            w.deep_wait(|| {
+                b.wait(Duration::from_secs(10), true);
+            });
+            t.elapsed()
+        });
+        while !wake.deep_asleep() {
+            thread::yield_now();
+        }
+        h
+    }
+
+    #[test]
+    fn a_kick_from_another_thread_ends_a_wait_in_the_link() {
+        // What the out-of-band channel's I/O thread does when a record arrives.
+        let bell = Arc::new(Bell::default());
+        let wake = Arc::new(Wake::new(Some(bell.clone() as Arc<dyn InlineCard>)));
+        let sleeper = sleep_in_link(&wake, &bell);
+        thread::sleep(Duration::from_millis(20));
+        wake.kick();
+        let slept = sleeper.join().unwrap();
+        assert!(
+            slept < Duration::from_secs(5),
+            "slept {slept:?} after the kick"
+        );
+        assert_eq!(bell.wakes.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_kick_before_the_wait_skips_it() {
+        let bell = Arc::new(Bell::default());
+        let wake = Wake::new(Some(bell.clone() as Arc<dyn InlineCard>));
+        wake.kick();
+        let mut waited = false;
+        wake.deep_wait(|| waited = true);
+        assert!(!waited, "a kept kick must skip the wait");
+        // It was taken: the next wait happens.
+        wake.deep_wait(|| waited = true);
+        assert!(waited);
+    }
+
+    #[test]
+    fn kick_once_wakes_one_wait_and_only_while_it_lasts() {
+        let bell = Arc::new(Bell::default());
+        let wake = Arc::new(Wake::new(Some(bell.clone() as Arc<dyn InlineCard>)));
+        assert!(!wake.kick_once(), "nobody sleeps: nothing to wake");
+        let sleeper = sleep_in_link(&wake, &bell);
+        assert!(wake.kick_once());
+        assert!(
+            !wake.kick_once(),
+            "the second kick of the same wait rings nothing"
+        );
+        sleeper.join().unwrap();
+        assert_eq!(bell.wakes.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_kick_ends_a_wait_on_the_condition_variable() {
+        let wake = Arc::new(Wake::new(None));
+        let w = Arc::clone(&wake);
+        let sleeper = thread::spawn(move || {
+            let t = Instant::now();
+            (w.wait(Duration::from_secs(10)), t.elapsed())
+        });
+        thread::sleep(Duration::from_millis(20));
+        wake.kick();
+        let (kicked, slept) = sleeper.join().unwrap();
+        assert!(
+            kicked && slept < Duration::from_secs(5),
+            "{kicked} {slept:?}"
+        );
+        assert!(!wake.wait(Duration::from_millis(1)), "the kick was taken");
+    }
+}
