@@ -231,7 +231,7 @@ impl Responder {
             return ReadRequest::Resent;
         }
         let answered = self.reads_answered.contains(&psn);
-        if !answered && self.reads_answered.is_full() {
+        if !answered && self.reads_answered.is_full() && !make_read_room(self, psn) {
             // No room to remember the answer: not taken now (neither received nor
             // recorded), so the requester resends it, as after a full message queue.
             self.reports_dropped = true;
@@ -475,6 +475,30 @@ fn on_card_loss(q: &mut Responder, a: &AckReport, pre_bitmap: u128) {
 /// queue is full the message with the highest PSN is dropped: [`ack_limit`] then never
 /// acknowledges it, so the requester sends it again.
 #[inline]
+/// Makes room among the answered READs for the request at `psn` by forgetting the newest
+/// answer after it; whether it did. Answers are forgotten only as deliveries pass them, and
+/// a delivery waits for every PSN below it: a request still missing below a full list of
+/// later answers (its first copy lost, or dropped for a full list) would be refused at
+/// every resend, and the requester fail with RETRY_EXC_ERR (ib_read_bw, 1 run in 5-8 here).
+/// A forgotten answer is given again if its request comes again (a requester's go-back-N
+/// resends every READ not acknowledged): a second response, which the requester takes for
+/// a READ still waiting for one or ignores.
+fn make_read_room(q: &mut Responder, psn: Psn) -> bool {
+    let mut newest: Option<usize> = None;
+    for (k, p) in q.reads_answered.iter().enumerate() {
+        if p.is_after(psn) && newest.is_none_or(|n| p.is_after(q.reads_answered[n])) {
+            newest = Some(k);
+        }
+    }
+    match newest {
+        Some(k) => {
+            q.reads_answered.swap_remove(k);
+            true
+        }
+        None => false,
+    }
+}
+
 fn push_msg(q: &mut Responder, m: MsgEnd) -> bool {
     // A retransmitted LAST is reported again: keep one entry per message.
     if m.psn.is_before(q.next_msg) || q.msgs.iter().any(|x| x.psn == m.psn) {
