@@ -388,3 +388,44 @@ fn reads_into_one_buffer_complete_through_random_loss_and_duplication() {
         );
     }
 }
+
+#[test]
+fn a_read_request_overtaken_by_many_others_is_answered_without_a_retransmission() {
+    // Frames overtake each other when a link moves from UDP to shared memory: ib_read_bw's
+    // first request arrived after 40 later ones. The responder remembers 32 answers until
+    // their acknowledgement is due, which waits for the late request; requests past that
+    // were dropped for the timer (67 ms with nothing lost), and the late one itself was
+    // refused at every resend while the memory was full (RETRY_EXC_ERR). The requester
+    // now sends no more READs ahead of their acknowledgement than the responder remembers.
+    let (mut p, c) = default_pair();
+    let (n, len) = (60, 64);
+    let source = filled(&mut p, &c, B, n * len, 8);
+    let sink = buffer(&mut p, &c, A, n * len);
+    p.inject(Fault::Hold, Some(1), |f| {
+        f.opcode() == Some(RdmaOpcode::ReadRequest) && f.psn() == Some(0)
+    });
+    let wrs: Vec<SendWr> = (0..n)
+        .map(|k| read(k as u64, &sink, k * len, &source, k * len, len))
+        .collect();
+    post(&mut p, &c, A, &wrs);
+    p.run_for(ms(5)).unwrap();
+    let sent = p
+        .log()
+        .iter()
+        .filter(|e| e.info.from == A && e.info.opcode() == Some(RdmaOpcode::ReadRequest))
+        .count();
+    assert_eq!(
+        sent, 32,
+        "READs sent ahead of the late one's acknowledgement"
+    );
+    assert_eq!(p.release_held(), 1);
+    let wcs = send_wcs(&mut p, &c, A, n, ms(100));
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (0..n as u64)
+            .map(|k| (k, WcStatus::Success))
+            .collect::<Vec<_>>()
+    );
+    assert!(p.bytes(&sink) == &pattern(n * len, 8)[..], "bytes differ");
+    assert_eq!(p.stats(A).timeouts + p.stats(A).retransmits, 0);
+}

@@ -61,7 +61,8 @@ pub const LOST_TRACKED: usize = 64;
 /// FIRST packets remembered per QP (their RETH carries the message length).
 pub const FIRSTS_TRACKED: usize = 32;
 /// READ requests answered and not yet delivered (passed by the delivery point) remembered
-/// per QP: twice the READs a requester keeps outstanding (`max_rd_atomic`).
+/// per QP: twice the READs a requester keeps outstanding (`max_rd_atomic`), and the most
+/// READs a requester sends ahead of their acknowledgement (`reads_allow`).
 pub const READS_TRACKED: usize = 2 * crate::qp::MAX_RD_ATOMIC as usize;
 
 /// What arrived on one QP and what is still to complete.
