@@ -134,13 +134,28 @@ pub fn drain(cq: &Cq, n: usize) {
 /// Work requests posted per second (post_send only): 64 B WRITEs, `per_call` in each
 /// post_send, one signaled in 32 (the completion drained outside the timing).
 pub fn post_rate(a: &Side, b: &Side, seconds: f64, per_call: usize) -> f64 {
+    post_rates(a, b, seconds, per_call).mean
+}
+
+/// The post_send rate of a run of [`post_rates`], two ways.
+#[derive(Clone, Copy, Debug)]
+pub struct PostRates {
+    /// Work requests posted over the time spent in post_send, all bursts together: a burst
+    /// in which the thread lost its CPU to another counts with the time it waited.
+    pub mean: f64,
+    /// The median over the bursts of 32 of each burst's own rate: what post_send costs
+    /// while the posting thread runs.
+    pub median_burst: f64,
+}
+
+/// As [`post_rate`], with the median over bursts too.
+pub fn post_rates(a: &Side, b: &Side, seconds: f64, per_call: usize) -> PostRates {
     let src = a.pd.alloc_mr(1 << 20, ALL).unwrap();
     let dst = b.pd.alloc_mr(1 << 20, ALL).unwrap();
     let batch: Vec<SendWr> = (0..32)
         .map(|k| write(k, &src, k * 64, 64, &dst, k * 64, k == 31))
         .collect();
-    let mut posted = 0u64;
-    let mut in_post = Duration::ZERO;
+    let mut bursts: Vec<Duration> = Vec::new();
     let end = Instant::now() + Duration::from_secs_f64(seconds);
     while Instant::now() < end {
         let t = Instant::now();
@@ -148,11 +163,17 @@ pub fn post_rate(a: &Side, b: &Side, seconds: f64, per_call: usize) -> f64 {
             // SAFETY: both MRs outlive every completion (drained below, before reuse).
             unsafe { a.qp.post_send(chunk).expect("post") };
         }
-        in_post += t.elapsed();
-        posted += batch.len() as u64;
+        bursts.push(t.elapsed());
         drain(&a.cq, 1);
     }
-    posted as f64 / in_post.as_secs_f64()
+    let in_post: Duration = bursts.iter().sum();
+    let per_burst = batch.len() as f64;
+    bursts.sort_unstable();
+    let median = bursts.get(bursts.len() / 2).copied().unwrap_or_default();
+    PostRates {
+        mean: per_burst * bursts.len() as f64 / in_post.as_secs_f64(),
+        median_burst: per_burst / median.as_secs_f64(),
+    }
 }
 
 /// The value after `--seconds` on the command line, else `default`.

@@ -36,6 +36,8 @@ const BASELINE: &str = "--baseline";
 const DEFAULT_PORT: u16 = 18700;
 /// The goal for post_send (one 64 B WRITE), in WR/s.
 const POST_GOAL: f64 = 5e6;
+/// The goal for two idle devices with QPs connected, in percent of one core.
+const IDLE_GOAL: f64 = 0.5;
 /// Bytes in perftest's MB.
 #[cfg(feature = "tcp-baseline")]
 const MIB: f64 = (1u64 << 20) as f64;
@@ -46,8 +48,10 @@ usage: cargo xtask bench [--quick] [--no-udp] [--repeat N] [--timeout SECS] [--p
 Prints in one run, each next to its baseline of the same run as a ratio: ib_write_bw 64 KiB
 and 1 MiB, ib_read_bw and ib_send_bw 64 KiB (vs a TCP loopback stream of the same chunk),
 ib_write_lat 8 B (vs half the round trip of an 8 B TCP ping-pong), CPU per GB of
-ib_write_bw 1 MiB (vs the TCP stream and vs memcpy) and the post_send rate of 64 B WRITEs
-through the Rust API (vs the 5 M WR/s goal). The tools run through the libibverbs.so.1
+ib_write_bw 1 MiB (vs the TCP stream and vs memcpy), the post_send rate of 64 B WRITEs
+through the Rust API (vs the 5 M WR/s goal; the posting thread on CPU 0, the emulated cards'
+threads on the last CPU; over all bursts of 32 posts and the median burst) and the idle CPU
+of two devices with a QP pair connected (vs the 0.5 % goal). The tools run through the libibverbs.so.1
 stand-in on the default devices (or BLUERDMA_DEVICES); ib_write_bw and ib_write_lat run
 on the shared-memory link and again on the UDP link (BLUERDMA_LINK_SHM=0).
 
@@ -200,6 +204,7 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
         .unwrap_or_default();
     let runner = PairRunner::new(root, opts.timeout, "bench")?;
     let posts = post_rate(root, &opts);
+    let idle = idle_cpu(root, &opts);
     let (n64, n1m, nlat) = opts.iters();
     let case = |name, tool, tag, size, iters, udp_too, base| Case {
         name,
@@ -384,21 +389,21 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
     let goal = format!("goal {:.0} M WR/s", POST_GOAL / 1e6);
     match &posts {
         Ok(links) => {
-            for (link, one, batch) in links {
-                row(
-                    "post_send 64 B WRITE, 1 per call",
-                    link,
-                    format!("{:.2} M WR/s", one / 1e6),
-                    goal.clone(),
-                    Some(one / POST_GOAL),
-                );
-                row(
-                    "post_send 64 B WRITE, 32 per call",
-                    link,
-                    format!("{:.2} M WR/s", batch / 1e6),
-                    goal.clone(),
-                    Some(batch / POST_GOAL),
-                );
+            for p in links {
+                for (case, v) in [
+                    ("post_send 64 B WRITE, 1 per call", p.one),
+                    ("  median burst of 32 posts", p.one_median),
+                    ("post_send 64 B WRITE, 32 per call", p.batch),
+                    ("  median burst of 32 posts", p.batch_median),
+                ] {
+                    row(
+                        case,
+                        p.link,
+                        format!("{:.2} M WR/s", v / 1e6),
+                        goal.clone(),
+                        Some(v / POST_GOAL),
+                    );
+                }
             }
         }
         Err(e) => row(
@@ -408,6 +413,21 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             e.clone(),
             None,
         ),
+    }
+    let idle_goal = format!("goal {IDLE_GOAL} % of a core");
+    match &idle {
+        Ok(links) => {
+            for (link, v) in links {
+                row(
+                    "idle CPU, 2 devices, QPs connected",
+                    link,
+                    format!("{v:.3} %"),
+                    idle_goal.clone(),
+                    Some(v / IDLE_GOAL),
+                );
+            }
+        }
+        Err(e) => row("idle CPU", "-", "FAILED".into(), e.clone(), None),
     }
     println!("{rule}");
     println!(
@@ -431,7 +451,8 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
         .flatten()
         .map(|r| r.errors.len())
         .sum::<usize>()
-        + posts.is_err() as usize;
+        + posts.is_err() as usize
+        + idle.is_err() as usize;
     if failed > 0 {
         return Err(format!("bench: {failed} runs failed (see above)"));
     }
@@ -491,35 +512,25 @@ fn measure_baseline(root: &Path, opts: &Opts) -> Result<Baseline, String> {
 /// `cargo bench -p bluerdma-linux --bench post_rate`: WR/s one per call and 32 per call, on
 /// the link two local devices get by default (shared memory) and, unless `--no-udp`, on the
 /// UDP link.
-fn post_rate(root: &Path, opts: &Opts) -> Result<Vec<(&'static str, f64, f64)>, String> {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+/// One link's post_send rates (WR/s): one and 32 per call, over all bursts and the median
+/// burst.
+struct PostRow {
+    link: &'static str,
+    one: f64,
+    batch: f64,
+    one_median: f64,
+    batch_median: f64,
+}
+
+fn post_rate(root: &Path, opts: &Opts) -> Result<Vec<PostRow>, String> {
     let secs = if opts.quick { "0.5" } else { "2" };
-    let no_udp: &[&str] = if opts.udp { &[] } else { &["--no-udp"] };
-    println!(
-        "bench: cargo bench -p bluerdma-linux --bench post_rate -- --seconds {secs} {}",
-        no_udp.join(" ")
-    );
-    let out = Command::new(&cargo)
-        .args([
-            "bench",
-            "--quiet",
-            "-p",
-            "bluerdma-linux",
-            "--bench",
-            "post_rate",
-            "--",
-        ])
-        .args(["--seconds", secs])
-        .args(no_udp)
-        .current_dir(root)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot start `{cargo} bench`: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let failed = || format!("post_rate bench failed: {}", text.trim());
-    if !out.status.success() {
-        return Err(failed());
-    }
+    let text = cargo_keys(
+        root,
+        opts,
+        &["bench", "-p", "bluerdma-linux", "--bench", "post_rate"],
+        secs,
+    )?;
+    let failed = || format!("post_rate bench: no figures in: {}", text.trim());
     let links: &[(&'static str, &str)] = if opts.udp {
         &[("shm", ""), ("udp", "_udp")]
     } else {
@@ -528,14 +539,74 @@ fn post_rate(root: &Path, opts: &Opts) -> Result<Vec<(&'static str, f64, f64)>, 
     links
         .iter()
         .map(|&(link, suffix)| {
-            let one = keyed_number(&text, &format!("post_send_1{suffix} "));
-            let batch = keyed_number(&text, &format!("post_send_32{suffix} "));
-            match (one, batch) {
-                (Some(one), Some(batch)) => Ok((link, one, batch)),
+            let key = |k: &str| keyed_number(&text, &format!("post_send_{k}{suffix} "));
+            match (key("1"), key("32"), key("1_median"), key("32_median")) {
+                (Some(one), Some(batch), Some(one_median), Some(batch_median)) => Ok(PostRow {
+                    link,
+                    one,
+                    batch,
+                    one_median,
+                    batch_median,
+                }),
                 _ => Err(failed()),
             }
         })
         .collect()
+}
+
+/// The idle example: the CPU share of two devices with a QP pair connected and nothing to
+/// do, per link, in percent of one core.
+fn idle_cpu(root: &Path, opts: &Opts) -> Result<Vec<(&'static str, f64)>, String> {
+    let secs = if opts.quick { "1" } else { "5" };
+    let text = cargo_keys(
+        root,
+        opts,
+        &[
+            "run",
+            "--release",
+            "-p",
+            "bluerdma-linux",
+            "--example",
+            "idle_cpu",
+        ],
+        secs,
+    )?;
+    let failed = || format!("idle_cpu: no figures in: {}", text.trim());
+    let links: &[&'static str] = if opts.udp { &["shm", "udp"] } else { &["shm"] };
+    links
+        .iter()
+        .map(|&link| {
+            keyed_number(&text, &format!("idle_cpu_{link} "))
+                .map(|v| (link, v))
+                .ok_or_else(failed)
+        })
+        .collect()
+}
+
+/// Runs `cargo ARGS -- --seconds SECS [--no-udp]` quietly in `root` and returns what it
+/// printed (lines of `key value`); a failed run is an error with its output.
+fn cargo_keys(root: &Path, opts: &Opts, args: &[&str], secs: &str) -> Result<String, String> {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let no_udp: &[&str] = if opts.udp { &[] } else { &["--no-udp"] };
+    let rest = [&["--", "--seconds", secs][..], no_udp].concat();
+    println!("bench: cargo {} {}", args.join(" "), rest.join(" "));
+    let out = Command::new(&cargo)
+        .args(args)
+        .arg("--quiet")
+        .args(&rest)
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot start `{cargo} {}`: {e}", args[0]))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "`cargo {}` failed: {}",
+            args.join(" "),
+            text.trim()
+        ));
+    }
+    Ok(text)
 }
 
 /// `bench --baseline SECS ITERS IP`: prints `stream_64k_mb_s`, `stream_1m_mb_s`,

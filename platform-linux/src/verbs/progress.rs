@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use super::wake::Sleep;
 use super::{CqInner, Engine, Inner};
 
 /// Frames taken from the engine under its lock, handed to the raw handler after it.
@@ -169,14 +170,16 @@ fn wait_kick(inner: &Inner, timeout: Duration) -> bool {
 }
 
 /// Waits in the inline card's link until a frame, a kick (which wakes the link while the
-/// thread sleeps there) or `timeout`.
+/// thread sleeps there) or `timeout`. Unannounced (the application spins on a CQ), the
+/// wait is a short one ([`SPIN_WAIT`]) that a post in a burst does not end.
 fn deep_wait(
     inner: &Inner,
     card: &dyn crate::backend::InlineCard,
     timeout: Duration,
     announced: bool,
 ) {
-    inner.wake.deep_wait(|| {
+    let how = if announced { Sleep::Long } else { Sleep::Short };
+    inner.wake.deep_wait(how, || {
         card.wait(timeout, announced);
     });
 }

@@ -9,7 +9,7 @@
 //! progress thread asleep in the link until its next deadline (up to 200 ms) when an
 //! out-of-band record (an atomic request, a receive announcement) arrived.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -20,9 +20,22 @@ use crate::backend::InlineCard;
 pub(crate) struct Wake {
     state: Mutex<KickState>,
     cv: Condvar,
-    /// The progress thread waits in the inline card's link: a kick must wake the link.
-    deep_sleep: AtomicBool,
+    /// Whether and how the progress thread waits in the inline card's link
+    /// ([`Sleep`] as a number): a kick must wake the link.
+    deep_sleep: AtomicU8,
     card: Option<Arc<dyn InlineCard>>,
+}
+
+/// Where the progress thread is with respect to the inline card's link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sleep {
+    /// Running (or about to sleep on the condition variable).
+    Awake = 0,
+    /// Waiting in the link until a frame, a kick or its next deadline (up to 200 ms).
+    Long = 1,
+    /// Waiting in the link while the application spins on a CQ: its polls run the card,
+    /// and the wait ends within 1 ms by itself.
+    Short = 2,
 }
 
 #[derive(Default)]
@@ -38,7 +51,7 @@ impl Wake {
         Wake {
             state: Mutex::new(KickState::default()),
             cv: Condvar::new(),
-            deep_sleep: AtomicBool::new(false),
+            deep_sleep: AtomicU8::new(Sleep::Awake as u8),
             card,
         }
     }
@@ -46,7 +59,7 @@ impl Wake {
     /// Wakes the progress thread wherever it sleeps; a kick before it sleeps is kept.
     pub(crate) fn kick(&self) {
         self.set_kicked();
-        if self.deep_sleep.load(Ordering::SeqCst) {
+        if self.deep_sleep.load(Ordering::SeqCst) != Sleep::Awake as u8 {
             self.wake_link();
         }
     }
@@ -54,7 +67,7 @@ impl Wake {
     /// Wakes a progress thread that waits in the card's link once per wait: the kicks
     /// that follow find it awake. Returns whether it was asleep there.
     pub(crate) fn kick_once(&self) -> bool {
-        if !self.deep_sleep.swap(false, Ordering::SeqCst) {
+        if self.deep_sleep.swap(Sleep::Awake as u8, Ordering::SeqCst) == Sleep::Awake as u8 {
             return false;
         }
         self.set_kicked();
@@ -62,9 +75,13 @@ impl Wake {
         true
     }
 
-    /// Whether the progress thread waits (or is about to wait) in the card's link.
-    pub(crate) fn deep_asleep(&self) -> bool {
-        self.deep_sleep.load(Ordering::SeqCst)
+    /// Whether and how the progress thread waits (or is about to wait) in the card's link.
+    pub(crate) fn sleep(&self) -> Sleep {
+        match self.deep_sleep.load(Ordering::SeqCst) {
+            1 => Sleep::Long,
+            2 => Sleep::Short,
+            _ => Sleep::Awake,
+        }
     }
 
     fn wake_link(&self) {
@@ -102,12 +119,12 @@ impl Wake {
     /// Runs `wait` (a wait in the card's link) unless a kick came first; a kick during it
     /// wakes the link. The flag is raised before the kick flag is read (both SeqCst with the
     /// kickers' accesses), so a kick is seen either here or by the kicker.
-    pub(crate) fn deep_wait(&self, wait: impl FnOnce()) {
-        self.deep_sleep.store(true, Ordering::SeqCst);
+    pub(crate) fn deep_wait(&self, how: Sleep, wait: impl FnOnce()) {
+        self.deep_sleep.store(how as u8, Ordering::SeqCst);
         if !self.take() {
             wait();
         }
-        self.deep_sleep.store(false, Ordering::SeqCst);
+        self.deep_sleep.store(Sleep::Awake as u8, Ordering::SeqCst);
     }
 }
 
@@ -159,12 +176,12 @@ mod tests {
         let (w, b) = (Arc::clone(wake), Arc::clone(bell));
         let h = thread::spawn(move || {
             let t = Instant::now();
-            w.deep_wait(|| {
+            w.deep_wait(Sleep::Long, || {
                 b.wait(Duration::from_secs(10), true);
             });
             t.elapsed()
         });
-        while !wake.deep_asleep() {
+        while wake.sleep() == Sleep::Awake {
             thread::yield_now();
         }
         h
@@ -187,15 +204,36 @@ mod tests {
     }
 
     #[test]
+    fn a_kick_ends_a_short_wait_too() {
+        // A post in a burst leaves a short wait alone; a record from the out-of-band
+        // channel must not.
+        let bell = Arc::new(Bell::default());
+        let wake = Arc::new(Wake::new(Some(bell.clone() as Arc<dyn InlineCard>)));
+        let (w, b) = (Arc::clone(&wake), Arc::clone(&bell));
+        let sleeper = thread::spawn(move || {
+            w.deep_wait(Sleep::Short, || {
+                b.wait(Duration::from_secs(10), false);
+            })
+        });
+        while wake.sleep() != Sleep::Short {
+            thread::yield_now();
+        }
+        wake.kick();
+        sleeper.join().unwrap();
+        assert_eq!(bell.wakes.load(Ordering::SeqCst), 1);
+        assert_eq!(wake.sleep(), Sleep::Awake);
+    }
+
+    #[test]
     fn a_kick_before_the_wait_skips_it() {
         let bell = Arc::new(Bell::default());
         let wake = Wake::new(Some(bell.clone() as Arc<dyn InlineCard>));
         wake.kick();
         let mut waited = false;
-        wake.deep_wait(|| waited = true);
+        wake.deep_wait(Sleep::Long, || waited = true);
         assert!(!waited, "a kept kick must skip the wait");
         // It was taken: the next wait happens.
-        wake.deep_wait(|| waited = true);
+        wake.deep_wait(Sleep::Long, || waited = true);
         assert!(waited);
     }
 
