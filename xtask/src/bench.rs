@@ -49,8 +49,8 @@ Prints in one run, each next to its baseline of the same run as a ratio: ib_writ
 and 1 MiB, ib_read_bw and ib_send_bw 64 KiB (vs a TCP loopback stream of the same chunk),
 ib_write_lat 8 B (vs half the round trip of an 8 B TCP ping-pong), CPU per GB of
 ib_write_bw 1 MiB (vs the TCP stream and vs memcpy), the post_send rate of 64 B WRITEs
-through the Rust API (vs the 5 M WR/s goal; the posting thread on CPU 0, the emulated cards'
-threads on the last CPU; over all bursts of 32 posts and the median burst) and the idle CPU
+through the Rust API (vs the 5 M WR/s goal; over all bursts of 32 posts and the median
+burst) and the idle CPU
 of two devices with a QP pair connected (vs the 0.5 % goal). The tools run through the libibverbs.so.1
 stand-in on the default devices (or BLUERDMA_DEVICES); ib_write_bw and ib_write_lat run
 on the shared-memory link and again on the UDP link (BLUERDMA_LINK_SHM=0).
