@@ -30,6 +30,11 @@ impl Inner {
         wrs > 1 || now.0.saturating_sub(prev) < POST_BURST.as_nanos() as u64
     }
 
+    /// Whether the application posted within the last [`POST_BURST`] (it may post again).
+    pub(super) fn app_posting(&self, now: Instant) -> bool {
+        now.0.saturating_sub(self.last_post.load(Ordering::Relaxed)) < POST_BURST.as_nanos() as u64
+    }
+
     /// After new work was posted: wakes the progress thread, unless the card is inline (the
     /// engine's unlock ran the card or left it to the application's next poll, waking a
     /// progress thread that waits in the card's link; see [`EngineGuard`]).
