@@ -471,35 +471,32 @@ fn on_card_loss(q: &mut Responder, a: &AckReport, pre_bitmap: u128) {
     q.card_fresh = still_fresh(fresh, new_bottom);
 }
 
+/// Makes room among the answered READs for the request at `psn` by forgetting the newest
+/// answer after it; whether it did. Answers are forgotten only as deliveries pass them, and
+/// a delivery waits for every PSN below it: a request still missing below a full list of
+/// later answers (its first copy lost, or dropped for a full list) would be refused at
+/// every resend, and the requester fail with RETRY_EXC_ERR (ib_read_bw, about 1 run in 12).
+/// A forgotten answer is given again if its request comes again (a requester's go-back-N
+/// resends every READ not acknowledged): a second response, which the requester takes for
+/// a READ still waiting for one or ignores.
+fn make_read_room(q: &mut Responder, psn: Psn) -> bool {
+    let newest = (0..q.reads_answered.len())
+        .filter(|&k| q.reads_answered[k].is_after(psn))
+        .reduce(|a, b| {
+            if q.reads_answered[b].is_after(q.reads_answered[a]) {
+                b
+            } else {
+                a
+            }
+        });
+    newest.map(|k| q.reads_answered.swap_remove(k)).is_some()
+}
+
 /// Records the end of a received message, in PSN order (a retransmitted message can be
 /// reported after later ones). A message already delivered or queued is ignored. When the
 /// queue is full the message with the highest PSN is dropped: [`ack_limit`] then never
 /// acknowledges it, so the requester sends it again.
 #[inline]
-/// Makes room among the answered READs for the request at `psn` by forgetting the newest
-/// answer after it; whether it did. Answers are forgotten only as deliveries pass them, and
-/// a delivery waits for every PSN below it: a request still missing below a full list of
-/// later answers (its first copy lost, or dropped for a full list) would be refused at
-/// every resend, and the requester fail with RETRY_EXC_ERR (ib_read_bw, 1 run in 5-8 here).
-/// A forgotten answer is given again if its request comes again (a requester's go-back-N
-/// resends every READ not acknowledged): a second response, which the requester takes for
-/// a READ still waiting for one or ignores.
-fn make_read_room(q: &mut Responder, psn: Psn) -> bool {
-    let mut newest: Option<usize> = None;
-    for (k, p) in q.reads_answered.iter().enumerate() {
-        if p.is_after(psn) && newest.is_none_or(|n| p.is_after(q.reads_answered[n])) {
-            newest = Some(k);
-        }
-    }
-    match newest {
-        Some(k) => {
-            q.reads_answered.swap_remove(k);
-            true
-        }
-        None => false,
-    }
-}
-
 fn push_msg(q: &mut Responder, m: MsgEnd) -> bool {
     // A retransmitted LAST is reported again: keep one entry per message.
     if m.psn.is_before(q.next_msg) || q.msgs.iter().any(|x| x.psn == m.psn) {
