@@ -267,22 +267,14 @@ impl<P: Platform, S: Storage> Device<P, S> {
             return;
         }
         self.stats.timeouts += 1;
-        let (qpn, acked, next) = {
-            let q = self.qp(i);
-            (
-                q.attrs.qpn.get(),
-                q.req.acked_psn().get(),
-                q.req.next_psn().get(),
-            )
-        };
+        let (acked, next) = (self.qp(i).req.acked_psn(), self.qp(i).req.next_psn());
         core_debug!(
             "QP {:#x}: no ACK for PSNs {:#x}..{:#x} within the timeout",
-            qpn,
-            acked,
-            next
+            self.qp(i).attrs.qpn.get(),
+            acked.get(),
+            next.get()
         );
         if !self.qp(i).req.use_retry() {
-            let (acked, next) = (self.qp(i).req.acked_psn(), self.qp(i).req.next_psn());
             let sq = self.sq(i);
             let (sent, queued) = (sq.sent(), sq.len());
             let reads = sq.sent_wqes().filter(|w| w.read_pending()).count();
@@ -301,7 +293,6 @@ impl<P: Platform, S: Storage> Device<P, S> {
             self.fail_qp(i, WcStatus::RetryExcErr);
             return;
         }
-        let acked = self.qp(i).req.acked_psn();
         self.resend(i, acked, now, true);
         self.resend_atomics(i);
         // The card says nothing of what it refused: ask the responder (access_check.rs).
