@@ -36,7 +36,7 @@ use crate::backend::{
 };
 use crate::oob_hub::DynOob;
 use crate::storage::{Capacity, HeapStorage};
-use wake::Wake;
+use wake::{LinkBell, Wake};
 
 mod buffer;
 mod inline;
@@ -325,7 +325,11 @@ impl Context {
             dev: ManuallyDrop::new(Mutex::new(dev)),
             epoch,
             stop: AtomicBool::new(false),
-            wake: Arc::new(Wake::new(inline.clone())),
+            wake: Arc::new(Wake::new(
+                inline
+                    .clone()
+                    .map(|card| -> LinkBell { Arc::new(move || card.wake()) }),
+            )),
             spec,
             windows,
             kind,

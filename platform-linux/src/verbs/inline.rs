@@ -27,12 +27,12 @@ impl Inner {
     /// write and the burst goes out together.
     pub(super) fn post_burst(&self, now: Instant, wrs: usize) -> bool {
         let prev = self.last_post.swap(now.0, Ordering::Relaxed);
-        wrs > 1 || now.0.saturating_sub(prev) < POST_BURST.as_nanos() as u64
+        wrs > 1 || within_burst(prev, now)
     }
 
     /// Whether the application posted within the last [`POST_BURST`] (it may post again).
     pub(super) fn app_posting(&self, now: Instant) -> bool {
-        now.0.saturating_sub(self.last_post.load(Ordering::Relaxed)) < POST_BURST.as_nanos() as u64
+        within_burst(self.last_post.load(Ordering::Relaxed), now)
     }
 
     /// After new work was posted: wakes the progress thread, unless the card is inline (the
@@ -97,6 +97,11 @@ const LONG_SPIN: Duration = Duration::from_micros(50);
 const SPIN_GAP: Duration = Duration::from_micros(200);
 /// Posts closer together than this are a burst ([`Inner::post_burst`]).
 const POST_BURST: Duration = Duration::from_micros(5);
+
+/// Whether `now` is within [`POST_BURST`] of a post at `prev` (ns since the epoch).
+fn within_burst(prev: u64, now: Instant) -> bool {
+    now.0.saturating_sub(prev) < POST_BURST.as_nanos() as u64
+}
 
 /// The engine, locked by a verb. When it is unlocked after the verb rang a send-ring
 /// doorbell of an inline card, the card's transmit side runs in this thread, as the card

@@ -13,17 +13,18 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use crate::backend::InlineCard;
+/// Ends a wait in the inline card's link (`InlineCard::wake`).
+pub(crate) type LinkBell = Arc<dyn Fn() + Send + Sync>;
 
 /// The progress thread's wake-up, shared by everything that wakes it. It holds the inline
-/// card only to ring its link's bell, never the device.
+/// card's bell, never the device.
 pub(crate) struct Wake {
     state: Mutex<KickState>,
     cv: Condvar,
     /// Whether and how the progress thread waits in the inline card's link
     /// ([`Sleep`] as a number): a kick must wake the link.
     deep_sleep: AtomicU8,
-    card: Option<Arc<dyn InlineCard>>,
+    bell: Option<LinkBell>,
 }
 
 /// Where the progress thread is with respect to the inline card's link.
@@ -47,12 +48,12 @@ struct KickState {
 }
 
 impl Wake {
-    pub(crate) fn new(card: Option<Arc<dyn InlineCard>>) -> Wake {
+    pub(crate) fn new(bell: Option<LinkBell>) -> Wake {
         Wake {
             state: Mutex::new(KickState::default()),
             cv: Condvar::new(),
             deep_sleep: AtomicU8::new(Sleep::Awake as u8),
-            card,
+            bell,
         }
     }
 
@@ -85,8 +86,8 @@ impl Wake {
     }
 
     fn wake_link(&self) {
-        if let Some(card) = &self.card {
-            card.wake();
+        if let Some(ring) = &self.bell {
+            ring();
         }
     }
 
@@ -135,50 +136,37 @@ mod tests {
     use std::thread;
     use std::time::Instant;
 
-    /// A card whose link wait ends on `wake`, counting the wakes.
+    /// A link whose wait ends when its bell rings, counting the rings.
     #[derive(Default)]
     struct Bell {
         rung: Mutex<bool>,
         cv: Condvar,
-        wakes: AtomicUsize,
+        rings: AtomicUsize,
     }
 
-    impl InlineCard for Bell {
-        fn receive(&self) -> bool {
-            false
-        }
-        fn step(&self) -> bool {
-            false
-        }
-        fn flush_tx(&self) -> bool {
-            false
-        }
-        fn tx_pending(&self) -> bool {
-            false
-        }
-        fn wait(&self, timeout: Duration, _: bool) -> bool {
+    impl Bell {
+        fn wait(&self, timeout: Duration) {
             let g = self.rung.lock().unwrap();
             let (mut g, _) = self.cv.wait_timeout_while(g, timeout, |r| !*r).unwrap();
-            std::mem::take(&mut *g)
+            *g = false;
         }
-        fn app_spins(&self, _: bool) {}
-        fn raw_frames(&self) -> u64 {
-            0
-        }
-        fn wake(&self) {
-            self.wakes.fetch_add(1, Ordering::SeqCst);
-            *self.rung.lock().unwrap() = true;
-            self.cv.notify_one();
-        }
+    }
+
+    /// A Wake whose link bell is `bell`.
+    fn wake_with(bell: &Arc<Bell>) -> Arc<Wake> {
+        let b = Arc::clone(bell);
+        Arc::new(Wake::new(Some(Arc::new(move || {
+            b.rings.fetch_add(1, Ordering::SeqCst);
+            *b.rung.lock().unwrap() = true;
+            b.cv.notify_one();
+        }))))
     }
 
     fn sleep_in_link(wake: &Arc<Wake>, bell: &Arc<Bell>) -> thread::JoinHandle<Duration> {
         let (w, b) = (Arc::clone(wake), Arc::clone(bell));
         let h = thread::spawn(move || {
             let t = Instant::now();
-            w.deep_wait(Sleep::Long, || {
-                b.wait(Duration::from_secs(10), true);
-            });
+            w.deep_wait(Sleep::Long, || b.wait(Duration::from_secs(10)));
             t.elapsed()
         });
         while wake.sleep() == Sleep::Awake {
@@ -191,7 +179,7 @@ mod tests {
     fn a_kick_from_another_thread_ends_a_wait_in_the_link() {
         // What the out-of-band channel's I/O thread does when a record arrives.
         let bell = Arc::new(Bell::default());
-        let wake = Arc::new(Wake::new(Some(bell.clone() as Arc<dyn InlineCard>)));
+        let wake = wake_with(&bell);
         let sleeper = sleep_in_link(&wake, &bell);
         thread::sleep(Duration::from_millis(20));
         wake.kick();
@@ -200,7 +188,7 @@ mod tests {
             slept < Duration::from_secs(5),
             "slept {slept:?} after the kick"
         );
-        assert_eq!(bell.wakes.load(Ordering::SeqCst), 1);
+        assert_eq!(bell.rings.load(Ordering::SeqCst), 1);
     }
 
     #[test]
@@ -208,26 +196,23 @@ mod tests {
         // A post in a burst leaves a short wait alone; a record from the out-of-band
         // channel must not.
         let bell = Arc::new(Bell::default());
-        let wake = Arc::new(Wake::new(Some(bell.clone() as Arc<dyn InlineCard>)));
+        let wake = wake_with(&bell);
         let (w, b) = (Arc::clone(&wake), Arc::clone(&bell));
-        let sleeper = thread::spawn(move || {
-            w.deep_wait(Sleep::Short, || {
-                b.wait(Duration::from_secs(10), false);
-            })
-        });
+        let sleeper =
+            thread::spawn(move || w.deep_wait(Sleep::Short, || b.wait(Duration::from_secs(10))));
         while wake.sleep() != Sleep::Short {
             thread::yield_now();
         }
         wake.kick();
         sleeper.join().unwrap();
-        assert_eq!(bell.wakes.load(Ordering::SeqCst), 1);
+        assert_eq!(bell.rings.load(Ordering::SeqCst), 1);
         assert_eq!(wake.sleep(), Sleep::Awake);
     }
 
     #[test]
     fn a_kick_before_the_wait_skips_it() {
         let bell = Arc::new(Bell::default());
-        let wake = Wake::new(Some(bell.clone() as Arc<dyn InlineCard>));
+        let wake = wake_with(&bell);
         wake.kick();
         let mut waited = false;
         wake.deep_wait(Sleep::Long, || waited = true);
@@ -240,7 +225,7 @@ mod tests {
     #[test]
     fn kick_once_wakes_one_wait_and_only_while_it_lasts() {
         let bell = Arc::new(Bell::default());
-        let wake = Arc::new(Wake::new(Some(bell.clone() as Arc<dyn InlineCard>)));
+        let wake = wake_with(&bell);
         assert!(!wake.kick_once(), "nobody sleeps: nothing to wake");
         let sleeper = sleep_in_link(&wake, &bell);
         assert!(wake.kick_once());
@@ -249,7 +234,7 @@ mod tests {
             "the second kick of the same wait rings nothing"
         );
         sleeper.join().unwrap();
-        assert_eq!(bell.wakes.load(Ordering::SeqCst), 1);
+        assert_eq!(bell.rings.load(Ordering::SeqCst), 1);
     }
 
     #[test]
