@@ -49,11 +49,11 @@ Prints in one run, each next to its baseline of the same run as a ratio: ib_writ
 and 1 MiB, ib_read_bw and ib_send_bw 64 KiB (vs a TCP loopback stream of the same chunk),
 ib_write_lat 8 B (vs half the round trip of an 8 B TCP ping-pong), CPU per GB of
 ib_write_bw 1 MiB (vs the TCP stream and vs memcpy), the post_send rate of 64 B WRITEs
-through the Rust API (vs the 5 M WR/s goal; over all bursts of 32 posts and the median
-burst) and the idle CPU
-of two devices with a QP pair connected (vs the 0.5 % goal). The tools run through the libibverbs.so.1
-stand-in on the default devices (or BLUERDMA_DEVICES); ib_write_bw and ib_write_lat run
-on the shared-memory link and again on the UDP link (BLUERDMA_LINK_SHM=0).
+through the Rust API (vs the 5 M WR/s goal; over all bursts of 32 WRs and the median
+burst) and the idle CPU of two devices with a QP pair connected (vs the 0.5 % goal). The
+tools run through the libibverbs.so.1 stand-in on the default devices (or
+BLUERDMA_DEVICES); ib_write_bw and ib_write_lat run on the shared-memory link and again on
+the UDP link (BLUERDMA_LINK_SHM=0).
 
 options:
   --quick         fewer iterations, shorter baselines, one round
@@ -392,9 +392,9 @@ pub fn bench(root: &Path, args: &[String]) -> Result<(), String> {
             for p in links {
                 for (case, v) in [
                     ("post_send 64 B WRITE, 1 per call", p.one),
-                    ("  median burst of 32 posts", p.one_median),
+                    ("  median burst of 32 WRs", p.one_median),
                     ("post_send 64 B WRITE, 32 per call", p.batch),
-                    ("  median burst of 32 posts", p.batch_median),
+                    ("  median burst of 32 WRs", p.batch_median),
                 ] {
                     row(
                         case,
@@ -509,9 +509,6 @@ fn measure_baseline(root: &Path, opts: &Opts) -> Result<Baseline, String> {
     })
 }
 
-/// `cargo bench -p bluerdma-linux --bench post_rate`: WR/s one per call and 32 per call, on
-/// the link two local devices get by default (shared memory) and, unless `--no-udp`, on the
-/// UDP link.
 /// One link's post_send rates (WR/s): one and 32 per call, over all bursts and the median
 /// burst.
 struct PostRow {
@@ -522,6 +519,9 @@ struct PostRow {
     batch_median: f64,
 }
 
+/// `cargo bench -p bluerdma-linux --bench post_rate`: WR/s one per call and 32 per call, on
+/// the link two local devices get by default (shared memory) and, unless `--no-udp`, on the
+/// UDP link.
 fn post_rate(root: &Path, opts: &Opts) -> Result<Vec<PostRow>, String> {
     let secs = if opts.quick { "0.5" } else { "2" };
     let text = cargo_keys(
