@@ -3,11 +3,11 @@
 //! signaled in 32; the completion is drained outside the timing). Measured on the link two
 //! devices of one host get by default (shared memory) and again on the UDP link. Threads
 //! are not pinned: with the posting thread alone on CPU 0 and the devices' threads on the
-//! other, posts were slower (2.4-4.7 against 4.1-4.6 M WR/s one per call, alternating runs;
-//! docs/BENCHMARKS.md).
+//! other, UDP posts were slower and shared-memory posts no faster (docs/BENCHMARKS.md,
+//! session 10).
 //!
 //! `cargo bench -p bluerdma-linux --bench post_rate [-- --seconds S] [--no-udp]` prints
-//! `post_send_1 <WR/s>` and `post_send_32 <WR/s>` (all bursts of 32 posts over the time spent
+//! `post_send_1 <WR/s>` and `post_send_32 <WR/s>` (all bursts of 32 WRs over the time spent
 //! posting) and `post_send_1_median`, `post_send_32_median` (the median burst's own rate),
 //! for the default link, then the same keys ending in `_udp`; `cargo xtask bench` reads them.
 
