@@ -11,7 +11,7 @@ use std::time::Duration;
 use bluerdma_core::desc::AccessFlags;
 use bluerdma_core::engine::{SendOp, WcOpcode, WcStatus};
 use bluerdma_core::oob::AtomicOp;
-use bluerdma_core::qp::{QpAttrMask, QpState, RawQpAttr};
+use bluerdma_core::qp::{QpAccessFlags, QpAttrMask, QpState, RawQpAttr};
 use bluerdma_tests::served::open_all;
 use bluerdma_tests::{connect_pair, raw_wr, ALL};
 
@@ -25,14 +25,13 @@ fn an_atomic_request_wakes_a_responder_that_does_not_poll() {
     let (a, b) = (&devs[0], &devs[1]);
     // IB timeout 14 (67 ms), as perftest asks; 7 retries.
     let (sa, sb) = connect_pair(a, b, (0, 0), 14, 7);
-    let atomic_access = QpAttrMask::ACCESS_FLAGS;
     let attr = RawQpAttr {
         qp_state: QpState::Rts.to_ibv(),
-        qp_access_flags: 1 | 2 | 4 | 8, // LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC
+        qp_access_flags: QpAccessFlags::all().bits(),
         ..RawQpAttr::default()
     };
     sb.qp
-        .modify(&attr, atomic_access)
+        .modify(&attr, QpAttrMask::ACCESS_FLAGS)
         .expect("RTS -> RTS with REMOTE_ATOMIC");
     let sink = sa.pd.alloc_mr(8, ALL).unwrap();
     let target = sb
