@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use bluerdma_sim::core::engine::{WcOpcode, WcStatus, WC_WITH_IMM};
 use bluerdma_sim::core::qp::{QpAttrMask, QpState, RawQpAttr};
 use bluerdma_sim::core::time::Nanos;
@@ -314,8 +316,15 @@ fn a_delayed_announcement_delays_the_send_by_as_much() {
     assert!(p.bytes(&rbuf) == &pattern(64, 10)[..]);
 }
 
+/// How long a QP of the default options goes on after its out-of-band peer is lost: the
+/// time a real card's requester takes to give up, ACK timeout x (retry_cnt + 1).
+fn peer_lost_grace() -> u64 {
+    let o = QpOptions::default();
+    ib_timeout_ns(o.timeout) * (u64::from(o.retry_cnt) + 1)
+}
+
 #[test]
-fn losing_the_channel_while_a_send_waits_fails_that_qp_with_flushes() {
+fn losing_the_channel_while_a_send_waits_fails_that_qp_with_flushes_after_the_grace() {
     let (mut p, c) = default_pair();
     let src = filled(&mut p, &c, A, 64, 11);
     post(
@@ -325,18 +334,73 @@ fn losing_the_channel_while_a_send_waits_fails_that_qp_with_flushes() {
         &[send(1, &src, 0, 64, None), send(2, &src, 0, 64, None)],
     );
     p.run_for(us(100)).unwrap();
+    let cut = p.now();
     p.cut_oob();
+    p.run_for(Duration::from_nanos(peer_lost_grace() - 1_000_000))
+        .unwrap();
+    assert!(
+        p.poll_cq(A, c.send_cq[0]).is_empty(),
+        "nothing fails before a real card's requester would give up"
+    );
+    assert_eq!(p.qp_state(A, c.qp(A)).unwrap(), QpState::Rts);
     let wcs = send_wcs(&mut p, &c, A, 2, ms(100));
     assert_eq!(
         wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
         [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
     );
+    assert!(p.now() - cut <= peer_lost_grace() + 1_000_000);
     assert_eq!(p.qp_state(A, c.qp(A)).unwrap(), QpState::Err);
     assert!(p.stats(A).peers_lost >= 1);
 }
 
+/// ibv_srq_pingpong: a side posts a SEND per completion it sees, so its peer may exit with
+/// one more SEND of it waiting for a receive WR while the one before is delivered and its
+/// ACK on the way. The channel closes with the peer: the delivered SEND still completes
+/// successfully, and the one that cannot go fails only after the grace, not next to it.
 #[test]
-fn without_the_channel_writes_still_work_and_a_new_send_fails_at_once() {
+fn a_delivered_send_completes_when_the_channel_is_lost_before_its_ack() {
+    let (mut p, c) = default_pair();
+    let rbuf = buffer(&mut p, &c, B, 64);
+    post_recvs(&mut p, &c, B, &[recv(7, &rbuf, 0, 64)]);
+    let src = filled(&mut p, &c, A, 64, 14);
+    p.pause(A, true);
+    post(
+        &mut p,
+        &c,
+        A,
+        &[send(1, &src, 0, 64, None), send(2, &src, 0, 64, None)],
+    );
+    let got = recv_wcs(&mut p, &c, B, 1, ms(100));
+    assert_eq!((got[0].wr_id, got[0].status), (7, WcStatus::Success));
+    assert!(p.bytes(&rbuf) == &pattern(64, 14)[..]);
+    let cut = p.now();
+    p.cut_oob();
+    p.run_for(ms(1)).unwrap();
+    assert!(
+        p.poll_cq(A, c.send_cq[0]).is_empty(),
+        "the delivered SEND's ACK is still held"
+    );
+    p.pause(A, false);
+    let first = send_wcs(&mut p, &c, A, 1, ms(10));
+    assert_eq!(
+        first
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(1, WcStatus::Success)]
+    );
+    p.run_for(Duration::from_nanos(
+        peer_lost_grace() - (p.now() - cut) - 1_000_000,
+    ))
+    .unwrap();
+    assert!(p.poll_cq(A, c.send_cq[0]).is_empty());
+    let last = send_wcs(&mut p, &c, A, 1, ms(100));
+    assert_eq!((last[0].wr_id, last[0].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(p.qp_state(A, c.qp(A)).unwrap(), QpState::Err);
+}
+
+#[test]
+fn without_the_channel_writes_still_work_and_a_new_send_fails_after_the_grace() {
     let (mut p, c) = default_pair();
     p.cut_oob();
     p.run_for(us(10)).unwrap();
@@ -350,12 +414,12 @@ fn without_the_channel_writes_still_work_and_a_new_send_fails_at_once() {
     assert!(p.bytes(&dst) == &pattern(64, 12)[..]);
     let before = p.now();
     post(&mut p, &c, A, &[send(2, &src, 0, 64, None)]);
-    let wc = send_wcs(&mut p, &c, A, 1, ms(100))[0];
+    let wc = send_wcs(&mut p, &c, A, 1, ms(1000))[0];
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
     assert_eq!(
-        p.now(),
-        before,
-        "no RNR wait: nothing can announce a receive WR"
+        p.now() - before,
+        peer_lost_grace(),
+        "no RNR retries (nothing can announce a receive WR): the grace from the post"
     );
 }
 

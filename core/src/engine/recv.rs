@@ -287,13 +287,21 @@ impl<P: Platform, S: Storage> Device<P, S> {
                     a.qpn.get(),
                     peer
                 );
-                let once = a
-                    .ack_timeout(self.cfg.ack_timeout_min)
-                    .unwrap_or(crate::time::Nanos(1_000_000_000));
-                let grace = crate::time::Nanos(once.0.saturating_mul(u64::from(a.retry_cnt) + 1));
+                let grace = self.peer_lost_grace(i);
                 self.timers(i).set(Timer::PeerLost, Some(now + grace));
             }
         }
+    }
+
+    /// How long QP `i` goes on after its out-of-band peer is lost: the time a requester of
+    /// a real card takes to give up on a silent peer, its ACK timeout times
+    /// `retry_cnt + 1` (1 s per try without a timeout).
+    pub(crate) fn peer_lost_grace(&mut self, i: QpIndex) -> crate::time::Nanos {
+        let a = self.qp(i).attrs;
+        let once = a
+            .ack_timeout(self.cfg.ack_timeout_min)
+            .unwrap_or(crate::time::Nanos(1_000_000_000));
+        crate::time::Nanos(once.0.saturating_mul(u64::from(a.retry_cnt) + 1))
     }
 
     /// The connected QP (RTR or later) whose peer is QP `peer_qpn` at `from`: where the

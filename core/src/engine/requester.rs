@@ -552,8 +552,11 @@ impl<P: Platform, S: Storage> Device<P, S> {
     fn match_remote_recv(&mut self, i: QpIndex, w: &mut Wqe, now: Instant) -> bool {
         let Some(r) = self.next_remote(i) else {
             if self.qp(i).rq.peer_lost() {
-                // No receive WR can be announced any more.
-                self.enter_error(i);
+                // No receive WR can be announced any more: the QP fails when the grace
+                // after the loss runs out (`on_peer_lost`), not now, so that the work sent
+                // before this SEND is still acknowledged and its completions come first.
+                let grace = self.peer_lost_grace(i);
+                self.timers(i).start(Timer::PeerLost, Some(now + grace));
                 return false;
             }
             let wait = Nanos::ib_rnr_timer(self.qp(i).attrs.min_rnr_timer);
