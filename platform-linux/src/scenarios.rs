@@ -249,12 +249,12 @@ fn pair(opts: &Options) -> Result<Pair, String> {
     // The out-of-band channel for SEND/RECV: TCP on the device IPs (port 60000 by the spec;
     // `opts.port + 55209` so a test run does not need the well-known port), or the in-process
     // hub with the in-memory link.
-    let (oa, ob): (
-        Box<dyn bluerdma_core::platform::OobTransport + Send>,
-        Box<dyn bluerdma_core::platform::OobTransport + Send>,
-    ) = if opts.in_memory {
+    // The TCP channel's records arrive on its own thread: its notifiers wake each device's
+    // progress thread (as `devices::open` does), or a record waits for the next wake-up.
+    type Oob = Box<dyn bluerdma_core::platform::OobTransport + Send>;
+    let (oa, ob, notifiers): (Oob, Oob, Option<[crate::oob::OobNotifier; 2]>) = if opts.in_memory {
         let hub = crate::oob_hub::OobHub::new();
-        (Box::new(hub.attach(IP0)), Box::new(hub.attach(IP1)))
+        (Box::new(hub.attach(IP0)), Box::new(hub.attach(IP1)), None)
     } else {
         let port = oob_port(opts);
         let tcp = |ip| {
@@ -262,12 +262,18 @@ fn pair(opts: &Options) -> Result<Pair, String> {
             cfg.port = port;
             crate::oob::TcpOob::bind(cfg).map_err(|e| e.to_string())
         };
-        (Box::new(tcp(IP0)?), Box::new(tcp(IP1)?))
+        let (ta, tb) = (tcp(IP0)?, tcp(IP1)?);
+        let n = [ta.notifier(), tb.notifier()];
+        (Box::new(ta), Box::new(tb), Some(n))
     };
     let a = Context::open_emulated_with_oob(DeviceSpec::new("blue0", IP0), la, Some(oa))
         .map_err(|e| e.to_string())?;
     let b = Context::open_emulated_with_oob(DeviceSpec::new("blue1", IP1), lb, Some(ob))
         .map_err(|e| e.to_string())?;
+    if let Some([na, nb]) = notifiers {
+        na.set(a.waker());
+        nb.set(b.waker());
+    }
     Ok(Pair { a, b })
 }
 
