@@ -383,7 +383,11 @@ impl Context {
     }
 
     /// Starts an emulated card on `link` and opens the driver on it, announcing receive WRs
-    /// over `oob` (the TCP channel of issue D, or an in-process hub).
+    /// over `oob` (the TCP channel of issue D, or an in-process hub). A channel whose records
+    /// arrive on a thread of its own (the TCP channel) should be given [`Context::waker`]
+    /// once this returns (`TcpOob::notifier().set(ctx.waker())`, as `devices::open` does):
+    /// without it a record (an atomic request, a receive WR) waits for the progress
+    /// thread's next wake-up.
     #[cfg(feature = "emulator")]
     pub fn open_emulated_with_oob(
         spec: DeviceSpec,
