@@ -5,7 +5,7 @@
 //! when there is none, so an idle device costs next to no CPU. Verbs called from any
 //! thread (post, poll) also drive progress themselves, so an application that polls its
 //! CQ sees completions without waiting for the progress thread. An emulated card that runs
-//! in the driver's threads (the default) is stepped by the same calls ([`inline`]), and the
+//! in the driver's threads (the default) is stepped by the same calls (`verbs::inline`), and the
 //! progress thread then sleeps in the card's link rather than on a timer.
 //!
 //! Objects ([`Pd`], [`Mr`], [`Cq`], [`Qp`]) are `Send + Sync` handles; dropping one releases
@@ -101,7 +101,7 @@ pub struct DeviceSpec {
 }
 
 impl DeviceSpec {
-    /// A device at `ip` with a MAC derived from it (02:00:<ip>).
+    /// A device at `ip` with a MAC derived from it (`02:00:<ip>`).
     pub fn new(name: &str, ip: Ipv4Addr) -> Self {
         let o = ip.octets();
         Self {
