@@ -60,20 +60,9 @@ fn hugetlb_frames_survive_forced_compaction() {
     let Some(mut sys) = System::take("reserving hugepages and compacting memory") else {
         return;
     };
-    // Another process that maps hugepages (the second test run of `cargo xtask ci --stress`)
-    // can take the free ones between the reservation and the mapping: reserve again.
-    let mut buf = None;
-    for _ in 0..5 {
-        if !sys.reserve_hugepages(33) {
-            return;
-        }
-        buf = Buf::hugetlb(64 * MIB);
-        if buf.is_some() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let buf = buf.expect("64 MiB of hugepages, after reserving them five times");
+    let Some(buf) = sys.hugetlb_buf(64 * MIB) else {
+        return;
+    };
     pin_compact_and_compare(&buf, Stability::Hugetlb);
     drop(sys);
 }

@@ -58,10 +58,9 @@ fn hugetlb_64mib_translates_consistently_at_every_page_size() {
     let Some(mut sys) = System::take("reserving hugepages") else {
         return;
     };
-    if !sys.reserve_hugepages(33) {
+    let Some(buf) = sys.hugetlb_buf(64 * MIB) else {
         return;
-    }
-    let buf = Buf::hugetlb(64 * MIB).expect("64 MiB of hugepages after reserving them");
+    };
     let va = buf.addr();
     let mut umem = HostUmem::new().unwrap();
     assert_eq!(umem.try_pin(VirtAddr(va), 64 << 20), Ok(Stability::Hugetlb));
@@ -105,10 +104,9 @@ fn unaligned_mr_bases_get_page_base_entries() {
     let Some(mut sys) = System::take("reserving hugepages") else {
         return;
     };
-    if !sys.reserve_hugepages(5) {
+    let Some(buf) = sys.hugetlb_buf(8 * MIB) else {
         return;
-    }
-    let buf = Buf::hugetlb(8 * MIB).expect("hugepages after reserving them");
+    };
     let direct = frames_4k(buf.addr(), 8 * MIB);
     let mut umem = HostUmem::new().unwrap();
     // An MR from 1 MiB + 0x1234 into the buffer, 4 MiB long: it touches three 2 MiB pages.

@@ -113,6 +113,24 @@ impl System {
         true
     }
 
+    /// `len` bytes of 2 MiB hugepages, reserved (one page more) and mapped; `None` (with a
+    /// message) if the kernel cannot reserve them. Another process that maps hugepages
+    /// (the second test run of `cargo xtask ci --stress`) can take the free ones between
+    /// the reservation and the mapping: it reserves again, up to five times.
+    pub fn hugetlb_buf(&mut self, len: usize) -> Option<Buf> {
+        let pages = len.div_ceil(2 << 20) as u64 + 1;
+        for _ in 0..5 {
+            if !self.reserve_hugepages(pages) {
+                return None;
+            }
+            if let Some(b) = Buf::hugetlb(len) {
+                return Some(b);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("{len} bytes of hugepages: mapping failed after reserving them five times");
+    }
+
     /// Sets `/proc/sys/vm/<name>` for the test.
     pub fn vm_sysctl(&mut self, name: &str, value: &str) -> bool {
         self.set(&format!("/proc/sys/vm/{name}"), value)
