@@ -147,6 +147,9 @@ impl Control {
     }
 }
 
+/// How long a client waits for any answer of its daemon.
+const ANSWER_WAIT: Duration = Duration::from_secs(30);
+
 /// A connected client: what the backend parts share.
 pub struct Session {
     /// The control connection.
@@ -162,7 +165,20 @@ pub struct Session {
 impl Session {
     /// Says hello on `sock` (connected to the daemon) for an engine with pages of `page`.
     pub fn start(name: &str, sock: UnixStream, page: PageSize) -> io::Result<Session> {
-        sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+        // As long as any later answer may take: the daemon may be busy with another
+        // client's command for up to the card's command timeout.
+        Self::start_within(name, sock, page, ANSWER_WAIT)
+    }
+
+    /// [`Session::start`], waiting at most `wait` for the welcome and for every answer
+    /// after it.
+    fn start_within(
+        name: &str,
+        sock: UnixStream,
+        page: PageSize,
+        wait: Duration,
+    ) -> io::Result<Session> {
+        sock.set_read_timeout(Some(wait))?;
         let mut s = &sock;
         write_frame(
             &mut s,
@@ -172,7 +188,17 @@ impl Session {
             }
             .encode(),
         )?;
-        let welcome = match Reply::decode(&read_frame(&mut s)?)? {
+        let frame = read_frame(&mut s).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the daemon did not answer the hello within {:.1} s",
+                    wait.as_secs_f64()
+                ),
+            ),
+            _ => e,
+        })?;
+        let welcome = match Reply::decode(&frame)? {
             Reply::Welcome(w) => w,
             Reply::Fail { errno, msg } => {
                 return Err(io::Error::new(
@@ -193,7 +219,6 @@ impl Session {
         {
             return Err(io::Error::other("the daemon's pages are not initialised"));
         }
-        sock.set_read_timeout(Some(Duration::from_secs(30)))?;
         Ok(Session {
             control: Arc::new(Control {
                 sock: Mutex::new(sock),
@@ -685,6 +710,33 @@ impl InlineCard for SharedCard {
 #[cfg(test)]
 mod tests {
     use super::runs;
+
+    #[test]
+    fn a_daemon_that_never_welcomes_is_a_timeout_that_says_so() {
+        use std::io::Read;
+        let (client, mut daemon) = std::os::unix::net::UnixStream::pair().unwrap();
+        let hello = std::thread::spawn(move || {
+            super::Session::start_within(
+                "t0",
+                client,
+                bluerdma_core::addr::PageSize::Size4K,
+                std::time::Duration::from_millis(100),
+            )
+        });
+        // The daemon reads the hello and says nothing.
+        let mut b = [0u8; 4];
+        daemon.read_exact(&mut b).unwrap();
+        let e = match hello.join().unwrap() {
+            Ok(_) => panic!("a session without a welcome"),
+            Err(e) => e,
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(
+            e.to_string()
+                .contains("the daemon did not answer the hello within 0.1 s"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn pages_run_together_only_where_both_addresses_do() {

@@ -95,8 +95,12 @@ pub fn open(
         )
     })?;
     let session = client::Session::start(&spec.name, sock, spec.page_size).map_err(|e| {
+        let errno = match e.kind() {
+            std::io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+            _ => libc::EIO,
+        };
         fail(
-            e.raw_os_error().unwrap_or(libc::EIO),
+            e.raw_os_error().unwrap_or(errno),
             format!("joining the device's daemon: {e}"),
         )
     })?;
