@@ -482,13 +482,7 @@ fn on_card_loss(q: &mut Responder, a: &AckReport, pre_bitmap: u128) {
 fn make_read_room(q: &mut Responder, psn: Psn) -> bool {
     let newest = (0..q.reads_answered.len())
         .filter(|&k| q.reads_answered[k].is_after(psn))
-        .reduce(|a, b| {
-            if q.reads_answered[b].is_after(q.reads_answered[a]) {
-                b
-            } else {
-                a
-            }
-        });
+        .max_by_key(|&k| psn.forward_distance(q.reads_answered[k]));
     newest.map(|k| q.reads_answered.swap_remove(k)).is_some()
 }
 
