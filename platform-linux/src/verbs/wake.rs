@@ -79,8 +79,8 @@ impl Wake {
     /// Whether and how the progress thread waits (or is about to wait) in the card's link.
     pub(crate) fn sleep(&self) -> Sleep {
         match self.deep_sleep.load(Ordering::SeqCst) {
-            1 => Sleep::Long,
-            2 => Sleep::Short,
+            s if s == Sleep::Long as u8 => Sleep::Long,
+            s if s == Sleep::Short as u8 => Sleep::Short,
             _ => Sleep::Awake,
         }
     }
